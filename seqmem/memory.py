@@ -1,0 +1,286 @@
+"""Memory simulator: live device bytes over one execution of a graph.
+
+Model (that of TensorFlow's executor with a BFC allocator):
+- A tensor's buffer is allocated when its producer runs and freed after its last
+  reader ran. Outputs nobody reads are freed right away; graph outputs live to
+  the end.
+- View ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer;
+  element-wise ops write into an input buffer of the same size whose last reader
+  they are (`op_classes.INPLACE_OPS`).
+- Parameters, constants, inputs and variables behind resource handles are
+  persistent: counted once, for the whole step.
+- While a node runs, its inputs, its outputs and its scratch memory
+  (`workspace.workspace_bytes`) are all live: `live_bytes[i]` is the transient
+  memory while `order[i]` runs.
+- A `SwapEvent` moves a tensor to the host after `out_after` runs (once the
+  readers scheduled before `in_before` are done) and brings a fresh device copy
+  back just before `in_before` runs; readers from `in_before` on read the copy.
+
+Linear in the size of the graph: one pass over `order`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from seqmem.critical_path import Timing
+from seqmem.graph import Graph, TensorRef
+from seqmem.op_classes import INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op, view_source
+from seqmem.workspace import workspace_bytes
+
+__all__ = ["DeviceTimeline", "MemoryTrace", "SwapEvent", "schedule", "simulate"]
+
+
+@dataclass(frozen=True)
+class SwapEvent:
+    """Move `tensor` to host after node `out_after`; restore it before node `in_before`."""
+
+    tensor: TensorRef
+    out_after: str
+    in_before: str
+
+
+@dataclass(frozen=True)
+class DeviceTimeline:
+    """Memory of one device over the schedule; all sizes in bytes.
+
+    live_bytes[i]: transient bytes live while the schedule's i-th node runs.
+    peak_bytes: persistent_bytes + max(live_bytes).
+    live_at_peak: the tensors owning the buffers live at the peak, largest first.
+    """
+
+    device: str
+    persistent_bytes: int
+    live_bytes: tuple[int, ...]
+    peak_bytes: int
+    peak_step: int
+    live_at_peak: tuple[tuple[TensorRef, int], ...]
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Result of `simulate`.
+
+    order: the schedule simulated. devices: one timeline per device name ("" is
+    the default device). unknown_size: tensors whose size is unknown (counted as 0).
+    buffer_of: for every tensor, the tensor that owns the buffer it lives in
+    (itself, or the source of a view or an in-place write).
+    lifetimes: for every buffer owner, the schedule steps (allocated, freed) of
+    its original device buffer (a swapped-in copy is not listed); freed is -1
+    for buffers that outlive the step (persistent memory, graph outputs).
+    """
+
+    order: tuple[str, ...]
+    devices: Mapping[str, DeviceTimeline]
+    unknown_size: tuple[TensorRef, ...]
+    buffer_of: Mapping[TensorRef, TensorRef]
+    lifetimes: Mapping[TensorRef, tuple[int, int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest peak over all devices, in bytes."""
+        return max((t.peak_bytes for t in self.devices.values()), default=0)
+
+    def busiest(self) -> DeviceTimeline:
+        """The timeline of the device with the highest peak."""
+        return max(self.devices.values(), key=lambda t: t.peak_bytes)
+
+
+def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
+    """Execution order: nodes by estimated start time, ties broken topologically."""
+    position = {name: i for i, name in enumerate(graph.topological_order())}
+    return tuple(sorted(position, key=lambda name: (timing.start_s[name], position[name])))
+
+
+def _short_device(device: str) -> str:
+    marker = "device:"
+    return device[device.index(marker) + len(marker):] if marker in device else device
+
+
+class _Buffer:
+    __slots__ = ("size", "device", "owner", "pending", "persistent", "start", "end")
+
+    def __init__(self, size: int, device: str, owner: TensorRef, persistent: bool, start: int) -> None:
+        self.size, self.device, self.owner = size, device, owner
+        self.persistent, self.start = persistent, start
+        self.pending = 0
+        self.end = -1
+
+
+def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()) -> MemoryTrace:
+    """Live-bytes timeline of running `graph` in `order`, with optional swaps.
+
+    order: every node of the graph once, each after its predecessors.
+    Raises ValueError if `order` is not a valid schedule of the graph or a swap
+    refers to nodes out of order.
+    """
+    position = {name: i for i, name in enumerate(order)}
+    _check_order(graph, order, position)
+    swap_by_tensor = _index_swaps(graph, swaps, position)
+    swap_ins_before: dict[int, list[TensorRef]] = {}
+    swap_outs_after: dict[int, list[TensorRef]] = {}
+    for ref, event in swap_by_tensor.items():
+        swap_ins_before.setdefault(position[event.in_before], []).append(ref)
+        swap_outs_after.setdefault(position[event.out_after], []).append(ref)
+
+    graph_outputs = set(graph.outputs)
+    buffer_of: dict[TensorRef, _Buffer] = {}
+    copy_of: dict[TensorRef, _Buffer] = {}
+    buffers: list[_Buffer] = []
+    live: dict[str, int] = {}
+    persistent: dict[str, int] = {}
+    timelines: dict[str, list[int]] = {}
+    unknown: list[TensorRef] = []
+
+    def reads(ref: TensorRef, late: bool) -> int:
+        """Readers of `ref` that read the original (late=False) or the swapped-in copy."""
+        event = swap_by_tensor.get(ref)
+        readers = graph.consumers(ref)
+        if event is None:
+            return 0 if late else len(readers)
+        cut = position[event.in_before]
+        return sum(1 for r in readers if (position[r] >= cut) == late)
+
+    def release(buffer: _Buffer, step: int) -> None:
+        buffer.pending -= 1
+        if buffer.pending == 0 and not buffer.persistent:
+            live[buffer.device] -= buffer.size
+            buffer.end = step
+
+    for step, name in enumerate(order):
+        node = graph.node(name)
+        device = _short_device(node.device)
+        live.setdefault(device, 0)
+        persistent.setdefault(device, 0)
+        persistent[device] += node.resource_bytes
+
+        for ref in swap_ins_before.get(step, ()):
+            original = buffer_of[ref]
+            copy = _Buffer(original.size, original.device, ref, False, step)
+            copy.pending = reads(ref, late=True)
+            copy_of[ref] = copy
+            buffers.append(copy)
+            live[copy.device] += copy.size
+
+        new_buffers = []
+        for index, info in enumerate(node.outputs):
+            ref = TensorRef(name, index)
+            size = info.size_bytes
+            if size is None:
+                unknown.append(ref)
+                size = 0
+            extra_holds = (ref in graph_outputs) + (ref in swap_by_tensor)
+            source = view_source(node, index)
+            shared = buffer_of.get(source) if source is not None else None
+            if shared is None and node.op in INPLACE_OPS:
+                shared = _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs)
+            if shared is not None:
+                shared.pending += reads(ref, late=False) + extra_holds
+                buffer_of[ref] = shared
+                continue
+            buffer = _Buffer(size, device, ref, is_persistent_op(node.op), step)
+            buffer.pending = reads(ref, late=False) + extra_holds
+            buffer_of[ref] = buffer
+            buffers.append(buffer)
+            new_buffers.append(buffer)
+            if buffer.persistent:
+                persistent[device] += size
+            else:
+                live[device] += size
+
+        scratch = workspace_bytes(graph, node)
+        for dev, value in live.items():
+            timelines.setdefault(dev, [0] * step).append(value + (scratch if dev == device else 0))
+
+        for ref in node.inputs:
+            event = swap_by_tensor.get(ref)
+            if event is not None and step >= position[event.in_before]:
+                release(copy_of[ref], step)
+            else:
+                release(buffer_of[ref], step)
+        for buffer in new_buffers:
+            if buffer.pending == 0 and not buffer.persistent:
+                live[buffer.device] -= buffer.size
+                buffer.end = step
+        for ref in swap_outs_after.get(step, ()):
+            release(buffer_of[ref], step)
+
+    return MemoryTrace(
+        order=tuple(order),
+        devices=_timelines(timelines, persistent, buffers, len(order)),
+        unknown_size=tuple(unknown),
+        buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
+        lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
+    )
+
+
+def _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs) -> _Buffer | None:
+    """An input buffer `node` may overwrite: same size, not persistent, this node its last reader."""
+    for ref in node.inputs:
+        buffer = buffer_of[ref]
+        if (
+            buffer.size == size
+            and size > 0
+            and not buffer.persistent
+            and ref not in swap_by_tensor
+            and ref not in graph_outputs
+            and buffer.pending == sum(1 for r in node.inputs if buffer_of[r] is buffer)
+        ):
+            return buffer
+    return None
+
+
+def _timelines(timelines, persistent, buffers, steps) -> dict[str, DeviceTimeline]:
+    result = {}
+    for device, values in timelines.items():
+        values = values + [0] * (steps - len(values))
+        peak_step = max(range(steps), key=values.__getitem__) if steps else 0
+        at_peak = [
+            (b.owner, b.size)
+            for b in buffers
+            if b.device == device and not b.persistent and b.size and b.start <= peak_step
+            and (b.end < 0 or b.end >= peak_step)
+        ]
+        at_peak.sort(key=lambda item: (-item[1], item[0]))
+        result[device] = DeviceTimeline(
+            device=device,
+            persistent_bytes=persistent.get(device, 0),
+            live_bytes=tuple(values),
+            peak_bytes=persistent.get(device, 0) + (values[peak_step] if steps else 0),
+            peak_step=peak_step,
+            live_at_peak=tuple(at_peak),
+        )
+    return result
+
+
+def _check_order(graph: Graph, order: Sequence[str], position: Mapping[str, int]) -> None:
+    if len(position) != len(order) or set(position) != set(graph.nodes):
+        raise ValueError("order must list every node of the graph exactly once")
+    for name in order:
+        for pred in graph.predecessors(name):
+            if position[pred] > position[name] and not _is_loop_back_edge(graph, pred, name):
+                raise ValueError(f"order runs {name!r} before its input {pred!r}")
+
+
+def _is_loop_back_edge(graph: Graph, pred: str, name: str) -> bool:
+    return graph.node(pred).op in LOOP_BACK_OPS and graph.node(name).op in LOOP_MERGE_OPS
+
+
+def _index_swaps(graph: Graph, swaps: Iterable[SwapEvent], position: Mapping[str, int]) -> dict[TensorRef, SwapEvent]:
+    by_tensor = {}
+    for event in swaps:
+        graph.tensor(event.tensor)
+        for name in (event.out_after, event.in_before):
+            if name not in position:
+                raise ValueError(f"swap of {event.tensor} names node {name!r}, which is not in the graph")
+        if not position[event.tensor.node] <= position[event.out_after] < position[event.in_before]:
+            raise ValueError(
+                f"swap of {event.tensor}: need producer <= out_after < in_before in the schedule, got "
+                f"{event.tensor.node!r}@{position[event.tensor.node]}, {event.out_after!r}@{position[event.out_after]}, "
+                f"{event.in_before!r}@{position[event.in_before]}"
+            )
+        if event.tensor in by_tensor:
+            raise ValueError(f"tensor {event.tensor} is swapped twice")
+        by_tensor[event.tensor] = event
+    return by_tensor

@@ -1,0 +1,54 @@
+"""Measured op times: run a step under the TensorFlow profiler and read the trace.
+
+The profiler writes an XSpace protobuf; on the host plane every executed op is
+an event named "<node name>:<op type>". Grappler-fused ops carry the name of
+the node they replace, so `critical_path.measured_costs` maps them back.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+__all__ = ["trace_op_times"]
+
+
+def trace_op_times(step: Callable[..., Any], args: Sequence[Any], runs: int = 2) -> dict[str, float]:
+    """Mean seconds per run of every op `step(*args)` executes, keyed by node name.
+
+    Runs `step` once untraced (warm-up), then `runs` times under the profiler.
+    The caller is responsible for any state `step` changes (variables).
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    step(*args)
+    with tempfile.TemporaryDirectory(prefix="seqmem-trace-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(runs):
+                step(*args)
+        finally:
+            tf.profiler.experimental.stop()
+        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        if not paths:
+            raise RuntimeError(f"the TensorFlow profiler wrote no trace under {logdir}")
+        space = xplane_pb2.XSpace()
+        with open(max(paths, key=os.path.getmtime), "rb") as trace:
+            space.ParseFromString(trace.read())
+    total_ps: dict[str, int] = defaultdict(int)
+    for plane in space.planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                name, sep, _ = plane.event_metadata[event.metadata_id].name.partition(":")
+                if sep:
+                    total_ps[name] += event.duration_ps
+    return {name: ps * 1e-12 / runs for name, ps in total_ps.items()}

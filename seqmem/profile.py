@@ -1,0 +1,257 @@
+"""`seqmem.profile`: predict (and, on a measuring device, measure) a training step's memory.
+
+profile = capture -> anatomy -> costs -> timing -> schedule -> simulate, plus an
+optional measured run. The measured run restores every variable the step
+captured, so profiling does not train the model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from seqmem import capture, device
+from seqmem.anatomy import StepAnatomy, analyze_step
+from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
+from seqmem.errors import UnknownShapeError
+from seqmem.graph import Graph, TensorRef
+from seqmem.memory import MemoryTrace, schedule, simulate
+
+__all__ = ["FeatureMap", "Profile", "measure_step_peak", "profile"]
+
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """A forward tensor kept for the backward pass.
+
+    lifetime_s: estimated seconds from its producer's completion to the start of
+    its last backward reader.
+    """
+
+    tensor: TensorRef
+    size_bytes: int
+    lifetime_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What `profile` found. All sizes in bytes, all times in seconds.
+
+    measured_peak_bytes: the device's peak during one step (None when not measured);
+    it counts everything in device memory, parameters and inputs included, as
+    `predicted_peak_bytes` does.
+    """
+
+    graph: Graph
+    anatomy: StepAnatomy
+    timing: Timing
+    memory: MemoryTrace
+    feature_maps: tuple[FeatureMap, ...]
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None = None
+    measured_device: str | None = None
+
+    @property
+    def prediction_error(self) -> float | None:
+        """(predicted - measured) / measured, or None when not measured."""
+        if not self.measured_peak_bytes:
+            return None
+        return (self.predicted_peak_bytes - self.measured_peak_bytes) / self.measured_peak_bytes
+
+    def summary(self, top: int = 8) -> str:
+        """A short human-readable report."""
+        busiest = self.memory.busiest()
+        lines = [
+            f"graph: {len(self.graph)} nodes, {len(self.anatomy.forward)} forward, "
+            f"{len(self.anatomy.backward)} backward; loss {self.anatomy.loss}",
+            f"persistent memory: {busiest.persistent_bytes / _MB:.1f} MB",
+            f"predicted peak:    {self.predicted_peak_bytes / _MB:.1f} MB "
+            f"(while running {self.memory.order[busiest.peak_step]!r})",
+        ]
+        if self.measured_peak_bytes is not None:
+            lines.append(
+                f"measured peak:     {self.measured_peak_bytes / _MB:.1f} MB on {self.measured_device} "
+                f"(prediction error {100 * self.prediction_error:+.1f}%)"
+            )
+        if self.memory.unknown_size:
+            lines.append(f"tensors of unknown size (counted as 0): {len(self.memory.unknown_size)}")
+        lines.append(f"feature maps: {len(self.feature_maps)}, "
+                     f"{sum(f.size_bytes for f in self.feature_maps) / _MB:.1f} MB; largest:")
+        for fmap in self.feature_maps[:top]:
+            lines.append(f"  {fmap.size_bytes / _MB:8.2f} MB  lives {1e3 * fmap.lifetime_s:8.3f} ms  {fmap.tensor}")
+        return "\n".join(lines)
+
+    def plot(self, path: str, title: str | None = None) -> str:
+        """Write a PNG of predicted live memory over the step (forward rising, backward falling).
+
+        The file appears whole or not at all. Returns `path`.
+        """
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        busiest = self.memory.busiest()
+        times_ms = [1e3 * self.timing.start_s[name] for name in self.memory.order]
+        total_mb = [(busiest.persistent_bytes + live) / _MB for live in busiest.live_bytes]
+        forward = [name in self.anatomy.forward for name in self.memory.order]
+        figure, axes = plt.subplots(figsize=(8, 4.5))
+        axes.step(times_ms, total_mb, where="post", color="0.3", linewidth=1, label="predicted live memory")
+        axes.fill_between(times_ms, 0, total_mb, where=forward, step="post", color="tab:blue", alpha=0.3, label="forward")
+        axes.fill_between(
+            times_ms, 0, total_mb, where=[not f for f in forward], step="post", color="tab:orange", alpha=0.3,
+            label="backward and update",
+        )
+        axes.axhline(busiest.persistent_bytes / _MB, color="0.5", linestyle=":", label="persistent (weights, inputs)")
+        if self.measured_peak_bytes is not None:
+            axes.axhline(self.measured_peak_bytes / _MB, color="tab:red", linestyle="--",
+                         label=f"measured peak ({self.measured_device})")
+        axes.set_xlabel("estimated time in step (ms)")
+        axes.set_ylabel("device memory (MB)")
+        axes.set_title(title or "memory over one training step")
+        axes.legend(loc="upper left", fontsize=8)
+        figure.tight_layout()
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".png", dir=directory)
+        os.close(handle)
+        try:
+            figure.savefig(partial, dpi=120)
+            os.replace(partial, path)
+        finally:
+            plt.close(figure)
+            if os.path.exists(partial):
+                os.remove(partial)
+        return path
+
+
+def profile(
+    step: Any,
+    *inputs: Any,
+    loss: str | TensorRef | None = None,
+    costs: str = "static",
+    machine: MachineModel = MachineModel(),
+    measure: bool | None = None,
+) -> Profile:
+    """Predict the memory curve of one call of `step` and, if possible, measure its peak.
+
+    step: a tf.function or ConcreteFunction of a training step.
+    inputs: its arguments, as tensors or fully-shaped tf.TensorSpecs (nested as the
+    step takes them); may be empty if the function has an input signature.
+    loss: the loss tensor's name, when it cannot be found automatically.
+    costs: "static" (from shapes) or "measured" (a profiled run; needs to run the step).
+    measure: run the step and read the device's peak; default: when a measuring
+    device (a GPU or the emulated device) is configured.
+    Raises TypeError for an unsupported `step`, UnknownShapeError for inputs of
+    unknown shape, NoBackwardPassError when the step computes no gradients.
+    """
+    if costs not in ("static", "measured"):
+        raise ValueError(f"costs must be 'static' or 'measured', got {costs!r}")
+    if not (isinstance(step, capture.ConcreteFunction) or hasattr(step, "get_concrete_function")):
+        raise TypeError(
+            f"profile() takes a tf.function or a ConcreteFunction, got {type(step).__name__}; "
+            "for a tf.Graph or GraphDef use seqmem.capture.from_tf and the analysis modules"
+        )
+    specs = tf.nest.map_structure(_spec_of, inputs)
+    for spec in tf.nest.flatten(specs):
+        if not spec.shape.is_fully_defined():
+            raise UnknownShapeError(
+                f"input spec {spec} has unknown dimensions; pass fully-shaped tf.TensorSpecs "
+                "(or tensors) so tensor sizes are known"
+            )
+    function = capture.concrete_function(step, specs)
+    graph = capture.from_tf(function)
+    anatomy = analyze_step(graph, loss)
+    if measure is None:
+        measure = device.emulated_budget_mb() is not None or bool(tf.config.list_logical_devices("GPU"))
+    args = tf.nest.map_structure(_value_of, inputs) if (measure or costs == "measured") else None
+    run = step if not isinstance(step, capture.ConcreteFunction) else function
+
+    cost_s = static_costs(graph, machine)
+    if costs == "measured":
+        from seqmem.op_trace import trace_op_times
+
+        with _variables_restored(function):
+            cost_s = measured_costs(graph, trace_op_times(run, args), cost_s)
+    timing = analyze_timing(graph, cost_s, anatomy.loss.node)
+    trace = simulate(graph, schedule(graph, timing))
+    measured = measure_step_peak(run, args, function) if measure else None
+    return Profile(
+        graph=graph,
+        anatomy=anatomy,
+        timing=timing,
+        memory=trace,
+        feature_maps=_feature_maps(graph, anatomy, timing),
+        predicted_peak_bytes=trace.peak_bytes,
+        measured_peak_bytes=measured.peak_bytes if measured else None,
+        measured_device=measured.device if measured else None,
+    )
+
+
+def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction) -> device.MemoryStats:
+    """Peak device bytes during one call of `run(*args)`, after one warm-up call.
+
+    Every variable `function` captures is restored afterwards, also on error.
+    """
+    with _variables_restored(function):
+        _block(run(*args))
+        device.reset_peak()
+        _block(run(*args))
+        return device.memory_stats()
+
+
+class _variables_restored:
+    """Context manager: snapshot the function's variables to host memory, restore on exit."""
+
+    def __init__(self, function: capture.ConcreteFunction) -> None:
+        self._variables = list(function.graph.variables)
+        self._saved: list[np.ndarray] = []
+
+    def __enter__(self) -> None:
+        self._saved = [np.array(v.numpy(), copy=True) for v in self._variables]
+
+    def __exit__(self, *exc: Any) -> None:
+        for variable, value in zip(self._variables, self._saved):
+            variable.assign(value)
+        self._saved = []
+
+
+def _block(result: Any) -> None:
+    for tensor in tf.nest.flatten(result):
+        if hasattr(tensor, "numpy"):
+            tensor.numpy()
+
+
+def _spec_of(value: Any) -> tf.TensorSpec:
+    if isinstance(value, tf.TensorSpec):
+        return value
+    if isinstance(value, (tf.Tensor, np.ndarray)):
+        return tf.TensorSpec.from_tensor(tf.convert_to_tensor(value))
+    raise TypeError(f"step inputs must be tensors or tf.TensorSpecs, got {type(value).__name__}")
+
+
+def _value_of(value: Any) -> tf.Tensor:
+    if not isinstance(value, tf.TensorSpec):
+        return tf.convert_to_tensor(value)
+    if value.dtype.is_floating:
+        return tf.random.stateless_normal(value.shape, seed=[0, 0], dtype=value.dtype)
+    return tf.zeros(value.shape, value.dtype)
+
+
+def _feature_maps(graph: Graph, anatomy: StepAnatomy, timing: Timing) -> tuple[FeatureMap, ...]:
+    maps = []
+    for ref in anatomy.feature_maps:
+        size = graph.tensor(ref).size_bytes
+        if not size:
+            continue
+        last_read = max(timing.start_s[r] for r in graph.consumers(ref) if r in anatomy.backward)
+        maps.append(FeatureMap(ref, size, max(0.0, last_read - timing.completion_s[ref.node])))
+    maps.sort(key=lambda f: (-f.size_bytes, f.tensor))
+    return tuple(maps)

@@ -1,0 +1,42 @@
+import pytest
+
+from seqmem.anatomy import analyze_step
+from seqmem.errors import GraphError, NoBackwardPassError
+from seqmem.graph import TensorInfo, TensorRef
+from tests.builders import graph, node, training_graph
+
+
+def test_finds_loss_forward_backward_and_feature_maps():
+    anatomy = analyze_step(training_graph())
+    assert anatomy.loss == TensorRef("loss")
+    assert anatomy.forward == {"x", "w", "f1", "f2", "loss"}
+    assert anatomy.backward == {"gradient_tape/g2", "gradient_tape/g1", "update"}
+    # x is an input (persistent): not a feature map; f1 and f2 are.
+    assert anatomy.feature_maps == (TensorRef("f1"), TensorRef("f2"))
+
+
+def test_loss_from_tf1_seed_fill_of_shape():
+    scalar = TensorInfo("float32", (), 4)
+    g = graph(
+        node("x", "Placeholder", outputs=(16,)),
+        node("h", "Op", ["x"], outputs=(16,)),
+        node("aux", "Sum", ["x"], outputs=(scalar,)),
+        node("loss", "Sum", ["h"], outputs=(scalar,)),
+        node("gradients/Shape", "Shape", ["loss"], outputs=(0,)),
+        node("gradients/grad_ys_0", "Fill", ["gradients/Shape"], outputs=(scalar,)),
+        node("gradients/g", "Op", ["gradients/grad_ys_0", "h"], outputs=(16,)),
+    )
+    assert analyze_step(g).loss == TensorRef("loss")
+
+
+def test_loss_override_and_bad_override():
+    g = training_graph()
+    assert analyze_step(g, loss="f2:0").forward == {"x", "w", "f1", "f2"}
+    with pytest.raises(GraphError, match="loss='nope'"):
+        analyze_step(g, loss="nope")
+
+
+def test_no_backward_pass_says_so_and_mentions_loss():
+    g = graph(node("x", "Placeholder"), node("y", "Op", ["x"]))
+    with pytest.raises(NoBackwardPassError, match="loss="):
+        analyze_step(g)
