@@ -12,19 +12,25 @@ from seqmem.device import run_with_budget
 
 __all__ = ["AccuracyRow", "DEFAULT_CASES", "measure_accuracy", "format_table"]
 
-# (example, batch): the table in the README.
-DEFAULT_CASES = (("mlp", 256), ("cnn", 64), ("resnet", 128), ("lstm", 64))
+# (example, batch): one batch per example, asserted by the tests.
+DEFAULT_CASES = (("mlp", 256), ("cnn", 64), ("resnet", 64), ("lstm", 64))
 _MB = 1 << 20
+MEASURED_STEPS = 9
 
 
 @dataclass(frozen=True)
 class AccuracyRow:
-    """One example's predicted and measured peak, in bytes (measured None if the run failed)."""
+    """One example's predicted and measured peak, in bytes (None where the run failed).
+
+    measured_peak_bytes is the median over measured steps; measured_range_bytes
+    their lowest and highest.
+    """
 
     example: str
     batch: int
     predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
+    measured_range_bytes: tuple[int, int] | None
     verdict: str
 
     @property
@@ -35,14 +41,15 @@ class AccuracyRow:
         return (self.predicted_peak_bytes - self.measured_peak_bytes) / self.measured_peak_bytes
 
 
-def _profile_example(name: str, batch: int) -> tuple[int, int]:
-    """Child-process side: profile one example and return (predicted, measured) bytes."""
+def _profile_example(name: str, batch: int) -> tuple[int, int, tuple[int, int]]:
+    """Child-process side: profile one example; (predicted, median measured, (min, max) measured) bytes."""
     from seqmem.examples import build_example
     from seqmem.profile import profile
 
     example = build_example(name, batch)
-    result = profile(example.step, *example.make_inputs(0), measure=True)
-    return result.predicted_peak_bytes, result.measured_peak_bytes
+    result = profile(example.step, *example.make_inputs(0), measure=True, measured_steps=MEASURED_STEPS)
+    measured = result.measured
+    return result.predicted_peak_bytes, measured.median_bytes, (measured.min_bytes, measured.max_bytes)
 
 
 def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: float = 300.0) -> list[AccuracyRow]:
@@ -50,20 +57,24 @@ def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: floa
     rows = []
     for name, batch in cases:
         run = run_with_budget(_profile_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s)
-        predicted, measured = run.value if run.ok else (None, None)
-        rows.append(AccuracyRow(name, batch, predicted, measured, run.verdict))
+        predicted, measured, spread = run.value if run.ok else (None, None, None)
+        rows.append(AccuracyRow(name, batch, predicted, measured, spread, run.verdict))
     return rows
 
 
 def format_table(rows: list[AccuracyRow]) -> str:
     """The rows as a Markdown table (MB = 2**20 bytes)."""
-    lines = ["| example | batch | predicted peak (MB) | measured peak (MB) | error |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| example | batch | predicted peak (MB) | measured peak, median (MB) | measured range (MB) | error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         if row.error is None:
-            lines.append(f"| {row.example} | {row.batch} | - | - | {row.verdict} |")
+            lines.append(f"| {row.example} | {row.batch} | - | - | - | {row.verdict} |")
         else:
+            low, high = row.measured_range_bytes
             lines.append(
                 f"| {row.example} | {row.batch} | {row.predicted_peak_bytes / _MB:.1f} | "
-                f"{row.measured_peak_bytes / _MB:.1f} | {100 * row.error:+.1f}% |"
+                f"{row.measured_peak_bytes / _MB:.1f} | {low / _MB:.1f}-{high / _MB:.1f} | {100 * row.error:+.1f}% |"
             )
     return "\n".join(lines)

@@ -267,3 +267,11 @@ class Graph:
     def __repr__(self) -> str:
         return f"Graph({len(self._nodes)} nodes, {len(self.outputs)} outputs)"
 
+    def __reduce__(self):
+        return (_rebuild, (tuple(self._nodes.values()), self.outputs, self.library, self.versions))
+
+
+def _rebuild(nodes, outputs, library, versions) -> Graph:
+    """Unpickle a Graph (derived indices are recomputed)."""
+    return Graph(nodes, outputs=outputs, library=library, versions=versions)
+

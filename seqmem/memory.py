@@ -10,7 +10,7 @@ Model (that of TensorFlow's executor with a BFC allocator):
 - Parameters, constants, inputs and variables behind resource handles are
   persistent: counted once, for the whole step.
 - While a node runs, its inputs, its outputs and its scratch memory
-  (`workspace.workspace_bytes`) are all live: `live_bytes[i]` is the transient
+  (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
   memory while `order[i]` runs.
 - A `SwapEvent` moves a tensor to the host after `out_after` runs (once the
   readers scheduled before `in_before` are done) and brings a fresh device copy
@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from seqmem.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.critical_path import Timing
 from seqmem.graph import Graph, TensorRef
 from seqmem.op_classes import INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op, view_source
-from seqmem.workspace import workspace_bytes
+from seqmem.workspace import static_scratch_bytes
 
 __all__ = ["DeviceTimeline", "MemoryTrace", "SwapEvent", "schedule", "simulate"]
 
@@ -99,25 +100,71 @@ def _short_device(device: str) -> str:
 
 
 class _Buffer:
-    __slots__ = ("size", "device", "owner", "pending", "persistent", "start", "end")
+    __slots__ = ("size", "device", "owner", "pending", "persistent", "start", "end", "handle")
 
     def __init__(self, size: int, device: str, owner: TensorRef, persistent: bool, start: int) -> None:
         self.size, self.device, self.owner = size, device, owner
         self.persistent, self.start = persistent, start
         self.pending = 0
         self.end = -1
+        self.handle = -1
 
 
-def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()) -> MemoryTrace:
+class _DeviceMemory:
+    """One device's allocator model and the part of its use that is persistent."""
+
+    def __init__(self, allocator: str) -> None:
+        self.model = BFCAllocatorModel() if allocator == "bfc" else ExactAllocator()
+        self.persistent_bytes = 0
+        self.persistent_handles: dict[TensorRef, int] = {}
+
+    def allocate_persistent(self, owner: TensorRef, size: int) -> None:
+        if owner not in self.persistent_handles:
+            before = self.model.in_use_bytes
+            self.persistent_handles[owner] = self.model.allocate(size)
+            self.persistent_bytes += self.model.in_use_bytes - before
+
+    @property
+    def transient_bytes(self) -> int:
+        return self.model.in_use_bytes - self.persistent_bytes
+
+
+_ALLOCATORS = ("bfc", "exact")
+
+
+def simulate(
+    graph: Graph,
+    order: Sequence[str],
+    swaps: Iterable[SwapEvent] = (),
+    allocator: str = "exact",
+    scratch_bytes: Mapping[str, int] | None = None,
+) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
     order: every node of the graph once, each after its predecessors.
-    Raises ValueError if `order` is not a valid schedule of the graph or a swap
-    refers to nodes out of order.
+    allocator: "exact" counts tensor bytes; "bfc" counts the chunks TensorFlow's
+    BFC allocator would hand out (see `seqmem.allocator`), after one warm-up
+    run of the step, as a measured second step sees it.
+    scratch_bytes: bytes of scratch memory each node holds while it runs
+    (default: `workspace.static_scratch_bytes`, a model of the largest known ones).
+    Raises ValueError if `order` is not a valid schedule of the graph, a swap
+    refers to nodes out of order, or `allocator` is unknown.
     """
+    if allocator not in _ALLOCATORS:
+        raise ValueError(f"allocator must be one of {_ALLOCATORS}, got {allocator!r}")
     position = {name: i for i, name in enumerate(order)}
     _check_order(graph, order, position)
     swap_by_tensor = _index_swaps(graph, swaps, position)
+    if scratch_bytes is None:
+        scratch_bytes = static_scratch_bytes(graph)
+    memories: dict[str, _DeviceMemory] = {}
+    if allocator == "bfc":
+        _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes)
+    return _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes)
+
+
+def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
+    """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     swap_ins_before: dict[int, list[TensorRef]] = {}
     swap_outs_after: dict[int, list[TensorRef]] = {}
     for ref, event in swap_by_tensor.items():
@@ -128,8 +175,6 @@ def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()
     buffer_of: dict[TensorRef, _Buffer] = {}
     copy_of: dict[TensorRef, _Buffer] = {}
     buffers: list[_Buffer] = []
-    live: dict[str, int] = {}
-    persistent: dict[str, int] = {}
     timelines: dict[str, list[int]] = {}
     unknown: list[TensorRef] = []
 
@@ -142,18 +187,24 @@ def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()
         cut = position[event.in_before]
         return sum(1 for r in readers if (position[r] >= cut) == late)
 
+    def allocate(buffer: _Buffer) -> None:
+        buffer.handle = memories[buffer.device].model.allocate(buffer.size)
+
     def release(buffer: _Buffer, step: int) -> None:
         buffer.pending -= 1
         if buffer.pending == 0 and not buffer.persistent:
-            live[buffer.device] -= buffer.size
+            if buffer.size:
+                memories[buffer.device].model.free(buffer.handle)
             buffer.end = step
 
     for step, name in enumerate(order):
         node = graph.node(name)
         device = _short_device(node.device)
-        live.setdefault(device, 0)
-        persistent.setdefault(device, 0)
-        persistent[device] += node.resource_bytes
+        if device not in memories:
+            memories[device] = _DeviceMemory(allocator)
+        memory = memories[device]
+        if node.resource_bytes:
+            memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)
 
         for ref in swap_ins_before.get(step, ()):
             original = buffer_of[ref]
@@ -161,7 +212,7 @@ def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()
             copy.pending = reads(ref, late=True)
             copy_of[ref] = copy
             buffers.append(copy)
-            live[copy.device] += copy.size
+            allocate(copy)
 
         new_buffers = []
         for index, info in enumerate(node.outputs):
@@ -185,13 +236,16 @@ def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()
             buffers.append(buffer)
             new_buffers.append(buffer)
             if buffer.persistent:
-                persistent[device] += size
-            else:
-                live[device] += size
+                memory.allocate_persistent(ref, size)
+            elif size:
+                allocate(buffer)
 
-        scratch = workspace_bytes(graph, node)
-        for dev, value in live.items():
-            timelines.setdefault(dev, [0] * step).append(value + (scratch if dev == device else 0))
+        scratch = scratch_bytes.get(name, 0)
+        scratch_handle = memory.model.allocate(scratch) if scratch else None
+        for dev, other in memories.items():
+            timelines.setdefault(dev, [0] * step).append(other.transient_bytes)
+        if scratch_handle is not None:
+            memory.model.free(scratch_handle)
 
         for ref in node.inputs:
             event = swap_by_tensor.get(ref)
@@ -201,14 +255,15 @@ def simulate(graph: Graph, order: Sequence[str], swaps: Iterable[SwapEvent] = ()
                 release(buffer_of[ref], step)
         for buffer in new_buffers:
             if buffer.pending == 0 and not buffer.persistent:
-                live[buffer.device] -= buffer.size
+                if buffer.size:
+                    memory.model.free(buffer.handle)
                 buffer.end = step
         for ref in swap_outs_after.get(step, ()):
             release(buffer_of[ref], step)
 
     return MemoryTrace(
         order=tuple(order),
-        devices=_timelines(timelines, persistent, buffers, len(order)),
+        devices=_timelines(timelines, memories, buffers, len(order)),
         unknown_size=tuple(unknown),
         buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
         lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
@@ -231,7 +286,7 @@ def _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outpu
     return None
 
 
-def _timelines(timelines, persistent, buffers, steps) -> dict[str, DeviceTimeline]:
+def _timelines(timelines, memories, buffers, steps) -> dict[str, DeviceTimeline]:
     result = {}
     for device, values in timelines.items():
         values = values + [0] * (steps - len(values))
@@ -243,11 +298,12 @@ def _timelines(timelines, persistent, buffers, steps) -> dict[str, DeviceTimelin
             and (b.end < 0 or b.end >= peak_step)
         ]
         at_peak.sort(key=lambda item: (-item[1], item[0]))
+        persistent = memories[device].persistent_bytes
         result[device] = DeviceTimeline(
             device=device,
-            persistent_bytes=persistent.get(device, 0),
+            persistent_bytes=persistent,
             live_bytes=tuple(values),
-            peak_bytes=persistent.get(device, 0) + (values[peak_step] if steps else 0),
+            peak_bytes=persistent + (values[peak_step] if steps else 0),
             peak_step=peak_step,
             live_at_peak=tuple(at_peak),
         )

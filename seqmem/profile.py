@@ -21,8 +21,9 @@ from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_
 from seqmem.errors import UnknownShapeError
 from seqmem.graph import Graph, TensorRef
 from seqmem.memory import MemoryTrace, schedule, simulate
+from seqmem.workspace import static_scratch_bytes, with_concurrent_scratch
 
-__all__ = ["FeatureMap", "Profile", "measure_step_peak", "profile"]
+__all__ = ["FeatureMap", "MeasuredPeak", "Profile", "measure_step_peak", "profile"]
 
 _MB = 1 << 20
 
@@ -44,7 +45,7 @@ class FeatureMap:
 class Profile:
     """What `profile` found. All sizes in bytes, all times in seconds.
 
-    measured_peak_bytes: the device's peak during one step (None when not measured);
+    measured: the device's peak over measured steps (None when not measured);
     it counts everything in device memory, parameters and inputs included, as
     `predicted_peak_bytes` does.
     """
@@ -55,8 +56,12 @@ class Profile:
     memory: MemoryTrace
     feature_maps: tuple[FeatureMap, ...]
     predicted_peak_bytes: int
-    measured_peak_bytes: int | None = None
-    measured_device: str | None = None
+    measured: MeasuredPeak | None = None
+
+    @property
+    def measured_peak_bytes(self) -> int | None:
+        """Median measured peak in bytes, or None when not measured."""
+        return self.measured.median_bytes if self.measured else None
 
     @property
     def prediction_error(self) -> float | None:
@@ -75,10 +80,11 @@ class Profile:
             f"predicted peak:    {self.predicted_peak_bytes / _MB:.1f} MB "
             f"(while running {self.memory.order[busiest.peak_step]!r})",
         ]
-        if self.measured_peak_bytes is not None:
+        if self.measured is not None:
             lines.append(
-                f"measured peak:     {self.measured_peak_bytes / _MB:.1f} MB on {self.measured_device} "
-                f"(prediction error {100 * self.prediction_error:+.1f}%)"
+                f"measured peak:     {self.measured.median_bytes / _MB:.1f} MB on {self.measured.device}, median of "
+                f"{self.measured.steps} steps (range {self.measured.min_bytes / _MB:.1f}-{self.measured.max_bytes / _MB:.1f}); "
+                f"prediction error {100 * self.prediction_error:+.1f}%"
             )
         if self.memory.unknown_size:
             lines.append(f"tensors of unknown size (counted as 0): {len(self.memory.unknown_size)}")
@@ -110,9 +116,9 @@ class Profile:
             label="backward and update",
         )
         axes.axhline(busiest.persistent_bytes / _MB, color="0.5", linestyle=":", label="persistent (weights, inputs)")
-        if self.measured_peak_bytes is not None:
-            axes.axhline(self.measured_peak_bytes / _MB, color="tab:red", linestyle="--",
-                         label=f"measured peak ({self.measured_device})")
+        if self.measured is not None:
+            axes.axhline(self.measured.median_bytes / _MB, color="tab:red", linestyle="--",
+                         label=f"measured peak, median of {self.measured.steps} steps ({self.measured.device})")
         axes.set_xlabel("estimated time in step (ms)")
         axes.set_ylabel("device memory (MB)")
         axes.set_title(title or "memory over one training step")
@@ -139,6 +145,8 @@ def profile(
     costs: str = "static",
     machine: MachineModel = MachineModel(),
     measure: bool | None = None,
+    allocator: str = "bfc",
+    measured_steps: int = 5,
 ) -> Profile:
     """Predict the memory curve of one call of `step` and, if possible, measure its peak.
 
@@ -149,6 +157,9 @@ def profile(
     costs: "static" (from shapes) or "measured" (a profiled run; needs to run the step).
     measure: run the step and read the device's peak; default: when a measuring
     device (a GPU or the emulated device) is configured.
+    allocator: "bfc" predicts the bytes TensorFlow's BFC allocator reports
+    (chunks, fragmentation included); "exact" counts tensor bytes only.
+    measured_steps: steps whose peaks are measured (the median is reported).
     Raises TypeError for an unsupported `step`, UnknownShapeError for inputs of
     unknown shape, NoBackwardPassError when the step computes no gradients.
     """
@@ -181,8 +192,14 @@ def profile(
         with _variables_restored(function):
             cost_s = measured_costs(graph, trace_op_times(run, args), cost_s)
     timing = analyze_timing(graph, cost_s, anatomy.loss.node)
-    trace = simulate(graph, schedule(graph, timing))
-    measured = measure_step_peak(run, args, function) if measure else None
+    scratch = static_scratch_bytes(graph)
+    if measure:
+        from seqmem.workspace_probe import measure_workspaces
+
+        scratch.update(measure_workspaces(graph))
+    scratch = with_concurrent_scratch(scratch, timing, _inter_op_threads())
+    trace = simulate(graph, schedule(graph, timing), allocator=allocator, scratch_bytes=scratch)
+    measured = measure_step_peak(run, args, function, measured_steps) if measure else None
     return Profile(
         graph=graph,
         anatomy=anatomy,
@@ -190,21 +207,42 @@ def profile(
         memory=trace,
         feature_maps=_feature_maps(graph, anatomy, timing),
         predicted_peak_bytes=trace.peak_bytes,
-        measured_peak_bytes=measured.peak_bytes if measured else None,
-        measured_device=measured.device if measured else None,
+        measured=measured,
     )
 
 
-def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction) -> device.MemoryStats:
-    """Peak device bytes during one call of `run(*args)`, after one warm-up call.
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """Peak device bytes of one step over `steps` measured steps: median, lowest, highest.
+
+    The peak varies between steps because TensorFlow's executor runs
+    independent ops concurrently (two inter-op threads here), in varying order.
+    """
+
+    device: str
+    median_bytes: int
+    min_bytes: int
+    max_bytes: int
+    steps: int
+
+
+def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction, steps: int = 5) -> MeasuredPeak:
+    """Peak device bytes of each of `steps` calls of `run(*args)`, after one warm-up call.
 
     Every variable `function` captures is restored afterwards, also on error.
     """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    peaks = []
     with _variables_restored(function):
         _block(run(*args))
-        device.reset_peak()
-        _block(run(*args))
-        return device.memory_stats()
+        for _ in range(steps):
+            device.reset_peak()
+            _block(run(*args))
+            stats = device.memory_stats()
+            peaks.append(stats.peak_bytes)
+    peaks.sort()
+    return MeasuredPeak(stats.device, peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
 
 
 class _variables_restored:
@@ -221,6 +259,12 @@ class _variables_restored:
         for variable, value in zip(self._variables, self._saved):
             variable.assign(value)
         self._saved = []
+
+
+def _inter_op_threads() -> int:
+    """Ops TensorFlow's executor may run at once here (its inter-op pool, at least 1)."""
+    threads = tf.config.threading.get_inter_op_parallelism_threads()
+    return threads if threads > 0 else max(1, os.cpu_count() or 1)
 
 
 def _block(result: Any) -> None:

@@ -11,10 +11,12 @@ Other ops are taken to need none.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
+from seqmem.critical_path import Timing
 from seqmem.graph import Graph, Node
 
-__all__ = ["workspace_bytes"]
+__all__ = ["static_scratch_bytes", "with_concurrent_scratch", "workspace_bytes"]
 
 _TARGET_WORKING_SET_ELEMENTS = (32 << 20) // 4
 
@@ -34,3 +36,36 @@ def workspace_bytes(graph: Graph, node: Node) -> int:
         shard = min(batch, -(-_TARGET_WORKING_SET_ELEMENTS // work_unit))
         return shard * image_size * filter_size * element_bytes
     return 0
+
+
+def static_scratch_bytes(graph: Graph) -> dict[str, int]:
+    """`workspace_bytes` of every node that has some, by node name."""
+    scratch = {name: workspace_bytes(graph, node) for name, node in graph.nodes.items()}
+    return {name: size for name, size in scratch.items() if size}
+
+
+def with_concurrent_scratch(
+    scratch_bytes: Mapping[str, int], timing: Timing, inter_op_threads: int = 2
+) -> dict[str, int]:
+    """Scratch per node, plus that of the ops likely to run beside it.
+
+    TensorFlow's executor runs up to `inter_op_threads` independent ops at once:
+    a layer's input and filter gradients, for instance, start together and hold
+    their scratch buffers at the same time. A node whose ASAP interval
+    [start, completion) overlaps others' is charged, besides its own scratch, the
+    largest scratch of up to `inter_op_threads - 1` of them.
+    """
+    if inter_op_threads < 1:
+        raise ValueError(f"inter_op_threads must be at least 1, got {inter_op_threads}")
+    names = sorted(scratch_bytes, key=lambda n: timing.start_s[n])
+    result = dict(scratch_bytes)
+    for name in names:
+        start, end = timing.start_s[name], timing.completion_s[name]
+        overlapping = sorted(
+            (scratch_bytes[other] for other in names
+             if other != name and timing.start_s[other] < max(end, start + 1e-12)
+             and timing.completion_s[other] > start),
+            reverse=True,
+        )
+        result[name] += sum(overlapping[: inter_op_threads - 1])
+    return result
