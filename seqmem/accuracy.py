@@ -35,10 +35,19 @@ class AccuracyRow:
 
     @property
     def error(self) -> float | None:
-        """(predicted - measured) / measured."""
+        """(predicted - median measured) / median measured."""
         if not self.predicted_peak_bytes or not self.measured_peak_bytes:
             return None
         return (self.predicted_peak_bytes - self.measured_peak_bytes) / self.measured_peak_bytes
+
+    @property
+    def error_to_range(self) -> float | None:
+        """Relative distance from the prediction to the nearest measured step's peak (0 inside the range)."""
+        if not self.predicted_peak_bytes or not self.measured_range_bytes:
+            return None
+        low, high = self.measured_range_bytes
+        nearest = min(max(self.predicted_peak_bytes, low), high)
+        return (self.predicted_peak_bytes - nearest) / nearest
 
 
 def _profile_example(name: str, batch: int) -> tuple[int, int, tuple[int, int]]:
@@ -65,16 +74,18 @@ def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: floa
 def format_table(rows: list[AccuracyRow]) -> str:
     """The rows as a Markdown table (MB = 2**20 bytes)."""
     lines = [
-        "| example | batch | predicted peak (MB) | measured peak, median (MB) | measured range (MB) | error |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| example | batch | predicted peak (MB) | measured peak, median (MB) | measured range (MB) "
+        "| error vs median | error vs range |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row.error is None:
-            lines.append(f"| {row.example} | {row.batch} | - | - | - | {row.verdict} |")
+            lines.append(f"| {row.example} | {row.batch} | - | - | - | {row.verdict} | - |")
         else:
             low, high = row.measured_range_bytes
             lines.append(
                 f"| {row.example} | {row.batch} | {row.predicted_peak_bytes / _MB:.1f} | "
-                f"{row.measured_peak_bytes / _MB:.1f} | {low / _MB:.1f}-{high / _MB:.1f} | {100 * row.error:+.1f}% |"
+                f"{row.measured_peak_bytes / _MB:.1f} | {low / _MB:.1f}-{high / _MB:.1f} | {100 * row.error:+.1f}% "
+                f"| {100 * row.error_to_range:+.1f}% |"
             )
     return "\n".join(lines)

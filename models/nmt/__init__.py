@@ -1,0 +1,1 @@
+"""An attention NMT model (tensorflow-addons seq2seq) and its benchmarks."""
