@@ -113,8 +113,8 @@ class _Buffer:
 class _DeviceMemory:
     """One device's allocator model and the part of its use that is persistent."""
 
-    def __init__(self, allocator: str) -> None:
-        self.model = BFCAllocatorModel() if allocator == "bfc" else ExactAllocator()
+    def __init__(self, allocator: str, limit_bytes: int | None) -> None:
+        self.model = BFCAllocatorModel(limit_bytes) if allocator == "bfc" else ExactAllocator()
         self.persistent_bytes = 0
         self.persistent_handles: dict[TensorRef, int] = {}
 
@@ -138,6 +138,7 @@ def simulate(
     swaps: Iterable[SwapEvent] = (),
     allocator: str = "exact",
     scratch_bytes: Mapping[str, int] | None = None,
+    limit_bytes: int | None = None,
 ) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
@@ -147,8 +148,11 @@ def simulate(
     run of the step, as a measured second step sees it.
     scratch_bytes: bytes of scratch memory each node holds while it runs
     (default: `workspace.static_scratch_bytes`, a model of the largest known ones).
+    limit_bytes: the arena's size for the "bfc" model; its regions cannot grow
+    past it, so fragmentation can exhaust it before the bytes in use do.
     Raises ValueError if `order` is not a valid schedule of the graph, a swap
-    refers to nodes out of order, or `allocator` is unknown.
+    refers to nodes out of order, or `allocator` is unknown; OutOfMemory when the
+    "bfc" model cannot place a buffer within `limit_bytes`.
     """
     if allocator not in _ALLOCATORS:
         raise ValueError(f"allocator must be one of {_ALLOCATORS}, got {allocator!r}")
@@ -159,8 +163,8 @@ def simulate(
         scratch_bytes = static_scratch_bytes(graph)
     memories: dict[str, _DeviceMemory] = {}
     if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes)
-    return _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes)
+        _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
+    return _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
@@ -201,7 +205,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         node = graph.node(name)
         device = _short_device(node.device)
         if device not in memories:
-            memories[device] = _DeviceMemory(allocator)
+            memories[device] = _DeviceMemory(*allocator)
         memory = memories[device]
         if node.resource_bytes:
             memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)

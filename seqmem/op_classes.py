@@ -16,6 +16,7 @@ __all__ = [
     "LOOP_BACK_OPS",
     "LOOP_MERGE_OPS",
     "PERSISTENT_OPS",
+    "SHAPE_OPS",
     "VIEW_OPS",
     "is_persistent_op",
     "view_source",
@@ -37,6 +38,14 @@ PERSISTENT_OPS = frozenset([
     "Variable",
     "VariableV2",
     "_Arg",
+])
+
+# Ops that read only a tensor's metadata, never its contents.
+SHAPE_OPS = frozenset([
+    "Rank",
+    "Shape",
+    "ShapeN",
+    "Size",
 ])
 
 # Ops whose output i shares the buffer of input i (input 0 for single-output

@@ -16,12 +16,13 @@ import numpy as np
 import tensorflow as tf
 
 from seqmem import capture, device
-from seqmem.anatomy import StepAnatomy, analyze_step
-from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
+from seqmem.analysis import analyze, measuring_device_present
+from seqmem.anatomy import StepAnatomy
+from seqmem.critical_path import MachineModel, Timing
 from seqmem.errors import UnknownShapeError
+from seqmem.execution import block, inputs_like, variables_restored
 from seqmem.graph import Graph, TensorRef
-from seqmem.memory import MemoryTrace, schedule, simulate
-from seqmem.workspace import static_scratch_bytes, with_concurrent_scratch
+from seqmem.memory import MemoryTrace, simulate
 
 __all__ = ["FeatureMap", "MeasuredPeak", "Profile", "measure_step_peak", "profile"]
 
@@ -178,27 +179,19 @@ def profile(
                 "(or tensors) so tensor sizes are known"
             )
     function = capture.concrete_function(step, specs)
-    graph = capture.from_tf(function)
-    anatomy = analyze_step(graph, loss)
     if measure is None:
-        measure = device.emulated_budget_mb() is not None or bool(tf.config.list_logical_devices("GPU"))
-    args = tf.nest.map_structure(_value_of, inputs) if (measure or costs == "measured") else None
+        measure = measuring_device_present()
+    args = inputs_like(inputs) if (measure or costs == "measured") else None
     run = step if not isinstance(step, capture.ConcreteFunction) else function
-
-    cost_s = static_costs(graph, machine)
+    op_time_s = None
     if costs == "measured":
         from seqmem.op_trace import trace_op_times
 
-        with _variables_restored(function):
-            cost_s = measured_costs(graph, trace_op_times(run, args), cost_s)
-    timing = analyze_timing(graph, cost_s, anatomy.loss.node)
-    scratch = static_scratch_bytes(graph)
-    if measure:
-        from seqmem.workspace_probe import measure_workspaces
-
-        scratch.update(measure_workspaces(graph))
-    scratch = with_concurrent_scratch(scratch, timing, _inter_op_threads())
-    trace = simulate(graph, schedule(graph, timing), allocator=allocator, scratch_bytes=scratch)
+        with variables_restored(function.graph.variables):
+            op_time_s = trace_op_times(run, args)
+    analysis = analyze(function, loss=loss, machine=machine, op_time_s=op_time_s, measure_scratch=measure)
+    graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
+    trace = simulate(graph, analysis.order, allocator=allocator, scratch_bytes=analysis.scratch_bytes)
     measured = measure_step_peak(run, args, function, measured_steps) if measure else None
     return Profile(
         graph=graph,
@@ -234,43 +227,15 @@ def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction, s
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     peaks = []
-    with _variables_restored(function):
-        _block(run(*args))
+    with variables_restored(function.graph.variables):
+        block(run(*args))
         for _ in range(steps):
             device.reset_peak()
-            _block(run(*args))
+            block(run(*args))
             stats = device.memory_stats()
             peaks.append(stats.peak_bytes)
     peaks.sort()
     return MeasuredPeak(stats.device, peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
-
-
-class _variables_restored:
-    """Context manager: snapshot the function's variables to host memory, restore on exit."""
-
-    def __init__(self, function: capture.ConcreteFunction) -> None:
-        self._variables = list(function.graph.variables)
-        self._saved: list[np.ndarray] = []
-
-    def __enter__(self) -> None:
-        self._saved = [np.array(v.numpy(), copy=True) for v in self._variables]
-
-    def __exit__(self, *exc: Any) -> None:
-        for variable, value in zip(self._variables, self._saved):
-            variable.assign(value)
-        self._saved = []
-
-
-def _inter_op_threads() -> int:
-    """Ops TensorFlow's executor may run at once here (its inter-op pool, at least 1)."""
-    threads = tf.config.threading.get_inter_op_parallelism_threads()
-    return threads if threads > 0 else max(1, os.cpu_count() or 1)
-
-
-def _block(result: Any) -> None:
-    for tensor in tf.nest.flatten(result):
-        if hasattr(tensor, "numpy"):
-            tensor.numpy()
 
 
 def _spec_of(value: Any) -> tf.TensorSpec:
@@ -279,14 +244,6 @@ def _spec_of(value: Any) -> tf.TensorSpec:
     if isinstance(value, (tf.Tensor, np.ndarray)):
         return tf.TensorSpec.from_tensor(tf.convert_to_tensor(value))
     raise TypeError(f"step inputs must be tensors or tf.TensorSpecs, got {type(value).__name__}")
-
-
-def _value_of(value: Any) -> tf.Tensor:
-    if not isinstance(value, tf.TensorSpec):
-        return tf.convert_to_tensor(value)
-    if value.dtype.is_floating:
-        return tf.random.stateless_normal(value.shape, seed=[0, 0], dtype=value.dtype)
-    return tf.zeros(value.shape, value.dtype)
 
 
 def _feature_maps(graph: Graph, anatomy: StepAnatomy, timing: Timing) -> tuple[FeatureMap, ...]:

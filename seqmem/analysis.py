@@ -1,0 +1,72 @@
+"""The analysis pipeline shared by `profile` and `optimize`.
+
+capture -> anatomy -> costs -> timing -> schedule -> scratch memory, for one
+ConcreteFunction. The result is plain data; nothing here runs the step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from seqmem import capture, device
+from seqmem.anatomy import StepAnatomy, analyze_step
+from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
+from seqmem.graph import Graph, TensorRef
+from seqmem.memory import schedule
+from seqmem.workspace import static_scratch_bytes, with_concurrent_scratch
+
+__all__ = ["StepAnalysis", "analyze", "measuring_device_present"]
+
+
+@dataclass(frozen=True)
+class StepAnalysis:
+    """A training step's graph, its parts, timing, schedule and per-node scratch bytes."""
+
+    graph: Graph
+    anatomy: StepAnatomy
+    timing: Timing
+    order: tuple[str, ...]
+    scratch_bytes: Mapping[str, int]
+
+
+def measuring_device_present() -> bool:
+    """Whether this process can measure device memory (the emulated device or a GPU)."""
+    return device.emulated_budget_mb() is not None or bool(tf.config.list_logical_devices("GPU"))
+
+
+def analyze(
+    function: capture.ConcreteFunction,
+    *,
+    loss: str | TensorRef | None = None,
+    machine: MachineModel = MachineModel(),
+    op_time_s: Mapping[str, float] | None = None,
+    measure_scratch: bool = False,
+) -> StepAnalysis:
+    """Analyze `function`'s training step.
+
+    op_time_s: measured seconds per node (from `op_trace.trace_op_times`); static costs otherwise.
+    measure_scratch: probe kernels' scratch memory on the measuring device.
+    """
+    graph = capture.from_tf(function)
+    anatomy = analyze_step(graph, loss)
+    cost_s = static_costs(graph, machine)
+    if op_time_s is not None:
+        cost_s = measured_costs(graph, op_time_s, cost_s)
+    timing = analyze_timing(graph, cost_s, anatomy.loss.node)
+    scratch = static_scratch_bytes(graph)
+    if measure_scratch:
+        from seqmem.workspace_probe import measure_workspaces
+
+        scratch.update(measure_workspaces(graph))
+    scratch = with_concurrent_scratch(scratch, timing, _inter_op_threads())
+    return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch)
+
+
+def _inter_op_threads() -> int:
+    """Ops TensorFlow's executor may run at once here (its inter-op pool, at least 1)."""
+    threads = tf.config.threading.get_inter_op_parallelism_threads()
+    return threads if threads > 0 else max(1, os.cpu_count() or 1)

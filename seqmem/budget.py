@@ -1,0 +1,249 @@
+"""The budget-driven swap selector (after Meng et al.).
+
+Walk the forward feature maps in reverse topological order by critical-path
+distance to the loss (longest-lived first). Skip tensors below a size
+threshold, tensors whose backward use follows too soon to hide a transfer, and
+tensors that share their buffer with another tensor. Add each remaining one to
+the swap set while it lowers the predicted peak, until the peak fits the budget.
+
+The peak is tracked incrementally: a swap removes the tensor's bytes from the
+live-bytes timeline between its last forward reader and its swap-in, a range
+update on a max segment tree (O(log n) per candidate). The allocator's
+fragmentation is then checked by one full simulation with the BFC model; if
+that still exceeds the budget, selection continues with a lower target.
+Persistent memory (weights, optimizer slots, inputs) counts against the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from seqmem.allocator import OutOfMemory
+from seqmem.anatomy import StepAnatomy
+from seqmem.critical_path import MachineModel, Timing, transfer_time_s
+from seqmem.errors import SeqmemError
+from seqmem.graph import Graph, TensorRef
+from seqmem.memory import MemoryTrace, SwapEvent, simulate
+from seqmem.op_classes import SHAPE_OPS
+from seqmem.swap.plan import SkippedCandidate, SwapDecision, SwapPlan
+from seqmem.swap.triggers import TriggerIndex
+
+__all__ = ["InfeasibleBudgetError", "plan_swaps", "swap_events"]
+
+_MB = 1 << 20
+_MAX_ROUNDS = 64
+
+
+class InfeasibleBudgetError(SeqmemError, ValueError):
+    """Even swapping every candidate cannot fit the step into the budget."""
+
+
+class _MaxTree:
+    """Range add, global max (and where) over a fixed-length integer array."""
+
+    def __init__(self, values: Sequence[int]) -> None:
+        size = 1
+        while size < max(1, len(values)):
+            size *= 2
+        self._size = size
+        self._max = [float("-inf")] * (2 * size)
+        self._add = [0] * (2 * size)
+        for i, value in enumerate(values):
+            self._max[size + i] = value
+        for i in range(size - 1, 0, -1):
+            self._max[i] = max(self._max[2 * i], self._max[2 * i + 1])
+
+    def add(self, low: int, high: int, delta: int, node: int = 1, left: int = 0, right: int | None = None) -> None:
+        """Add `delta` to positions low..high-1."""
+        right = self._size if right is None else right
+        if high <= left or right <= low:
+            return
+        if low <= left and right <= high:
+            self._max[node] += delta
+            self._add[node] += delta
+            return
+        middle = (left + right) // 2
+        self.add(low, high, delta, 2 * node, left, middle)
+        self.add(low, high, delta, 2 * node + 1, middle, right)
+        self._max[node] = max(self._max[2 * node], self._max[2 * node + 1]) + self._add[node]
+
+    def max(self) -> int:
+        return self._max[1]
+
+    def argmax(self) -> int:
+        node = 1
+        while node < self._size:
+            rest = self._max[node] - self._add[node]
+            node = 2 * node if self._max[2 * node] == rest else 2 * node + 1
+        return node - self._size
+
+
+def swap_events(plan: SwapPlan, graph: Graph, order: Sequence[str], anatomy: StepAnatomy) -> list[SwapEvent]:
+    """The simulator's view of `plan` on the schedule `order`."""
+    position = {name: i for i, name in enumerate(order)}
+    events = []
+    for decision in plan.decisions:
+        out_after = _last_forward_reader(graph, decision.tensor, anatomy, position)
+        events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1]))
+    return events
+
+
+def _reads_contents_in_backward(graph: Graph, reader: str, anatomy: StepAnatomy) -> bool:
+    """Backward readers that need the data (shape-only ops keep reading the original)."""
+    return reader in anatomy.backward and graph.node(reader).op not in SHAPE_OPS
+
+
+def _last_forward_reader(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, position: Mapping[str, int]) -> str:
+    readers = [r for r in graph.consumers(ref) if not _reads_contents_in_backward(graph, r, anatomy)]
+    return max(readers, key=position.__getitem__) if readers else ref.node
+
+
+def plan_swaps(
+    graph: Graph,
+    anatomy: StepAnatomy,
+    timing: Timing,
+    order: Sequence[str],
+    budget_bytes: int,
+    *,
+    machine: MachineModel = MachineModel(),
+    scratch_bytes: Mapping[str, int] | None = None,
+    min_swap_bytes: int = 64 << 10,
+    allocator: str = "bfc",
+    arena_bytes: int | None = None,
+) -> SwapPlan:
+    """Choose feature maps to swap so that the predicted peak fits `budget_bytes`.
+
+    arena_bytes: the device arena's size, when known (the emulated device's
+    limit): a plan whose buffers the allocator model cannot place in it, for
+    fragmentation, does not fit either.
+    Returns a plan without decisions when the step already fits. Raises
+    InfeasibleBudgetError, naming the smallest achievable peak and the op that
+    sets it, when swapping every candidate is not enough.
+    """
+
+    def peak(events=()) -> tuple[MemoryTrace, bool]:
+        """The simulated trace and whether the allocator model placed every buffer in the arena."""
+        trace = simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes)
+        if arena_bytes is None or allocator != "bfc":
+            return trace, True
+        try:
+            simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes, limit_bytes=arena_bytes)
+        except OutOfMemory:
+            return trace, False
+        return trace, True
+
+    before, placed = peak()
+    if before.peak_bytes <= budget_bytes and placed:
+        return SwapPlan(budget_bytes, before.peak_bytes, before.peak_bytes,
+                        notes=("the step already fits the budget: returned unchanged",))
+
+    exact = simulate(graph, order, allocator="exact", scratch_bytes=scratch_bytes)
+    device = exact.busiest()
+    tree = _MaxTree(device.live_bytes)
+    position = {name: i for i, name in enumerate(order)}
+    triggers = TriggerIndex(graph, timing, anatomy.backward)
+    candidates, skipped = _candidates(graph, anatomy, timing, exact, machine, min_swap_bytes, position, triggers)
+
+    chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
+    target = budget_bytes - (before.peak_bytes - exact.peak_bytes)  # leave room for fragmentation
+    after = before
+    for _ in range(_MAX_ROUNDS):
+        _select(candidates, chosen, tree, target - device.persistent_bytes)
+        plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing)
+        after, placed = peak(swap_events(plan, graph, order, anatomy))
+        if (after.peak_bytes <= budget_bytes and placed) or len(chosen) == len(candidates):
+            break
+        if after.peak_bytes <= budget_bytes:
+            # the bytes fit but the arena's regions do not hold the buffers: swap the next
+            # longest-lived candidate wherever it is live, to thin out large buffers
+            ref, out_pos, in_pos, decision = next(c for c in candidates if c[0] not in chosen)
+            tree.add(out_pos + 1, in_pos, -decision.size_bytes)
+            chosen[ref] = (out_pos, in_pos, decision)
+        else:
+            target -= max(after.peak_bytes - budget_bytes, budget_bytes // 20)
+    plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
+    if not placed and plan.feasible:
+        raise InfeasibleBudgetError(
+            f"the allocator model cannot place the step's buffers in the {arena_bytes / _MB:.1f} MB arena even "
+            f"with {len(chosen)} swaps (predicted peak {after.peak_bytes / _MB:.1f} MB; fragmentation). "
+            "Raise the budget or reduce the batch size."
+        )
+    if not plan.feasible:
+        busiest = after.busiest()
+        op = graph.node(after.order[busiest.peak_step])
+        raise InfeasibleBudgetError(
+            f"smallest achievable peak is {after.peak_bytes / _MB:.1f} MB ({op.op} {op.name!r}); "
+            f"budget was {budget_bytes / _MB:.1f} MB. Raise the budget or reduce the batch size."
+        )
+    return plan
+
+
+def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_bytes, position, triggers):
+    """Feature maps worth trying, longest-lived first, as (tensor, out_pos, in_pos, decision); and the skipped."""
+    aliases: dict[TensorRef, list[TensorRef]] = {}
+    for tensor, owner in trace.buffer_of.items():
+        aliases.setdefault(owner, []).append(tensor)
+    distance = timing.distance_to_loss_s
+    ordered = sorted(anatomy.feature_maps, key=lambda r: (-distance.get(r.node, 0.0), position[r.node], r.index))
+    candidates, skipped = [], []
+    for ref in ordered:
+        size = graph.tensor(ref).size_bytes
+        if size is None or size < min_swap_bytes:
+            skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {min_swap_bytes} bytes"))
+            continue
+        sharing = [a for a in aliases.get(trace.buffer_of.get(ref), ()) if a != ref]
+        if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
+            skipped.append(SkippedCandidate(ref, size, "shares its buffer with another tensor read in backward"))
+            continue
+        consumers = tuple(sorted(
+            (r for r in set(graph.consumers(ref)) if _reads_contents_in_backward(graph, r, anatomy)), key=position.get
+        ))
+        if not consumers:
+            skipped.append(SkippedCandidate(ref, size, "no backward op reads its contents"))
+            continue
+        transfer = transfer_time_s(size, machine)
+        trigger, hidden = triggers.choose(consumers, transfer)
+        out_pos = max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
+        if trigger is None or position[trigger] + 1 <= out_pos + 1:
+            skipped.append(SkippedCandidate(ref, size, "consumed almost immediately: no step between its uses"))
+            continue
+        if not hidden and timing.start_s[consumers[0]] - timing.completion_s[ref.node] < transfer:
+            skipped.append(SkippedCandidate(ref, size, "backward use follows within the transfer time"))
+            continue
+        decision = SwapDecision(ref, size, consumers, trigger, transfer)
+        candidates.append((ref, out_pos, position[trigger] + 1, decision))
+    return candidates, skipped
+
+
+def _select(candidates, chosen, tree: _MaxTree, target_live_bytes: int) -> None:
+    """Add candidates (in order) that lower the current peak, until the peak <= target."""
+    progress = True
+    while tree.max() > target_live_bytes and progress:
+        progress = False
+        for ref, out_pos, in_pos, decision in candidates:
+            if tree.max() <= target_live_bytes:
+                return
+            if ref in chosen or not out_pos < tree.argmax() < in_pos:
+                continue
+            tree.add(out_pos + 1, in_pos, -decision.size_bytes)
+            chosen[ref] = (out_pos, in_pos, decision)
+            progress = True
+
+
+def _plan(budget_bytes, before, chosen, skipped, candidates, timing, peak_after=None) -> SwapPlan:
+    decisions = tuple(chosen[ref][2] for ref, *_ in candidates if ref in chosen)
+    unused = tuple(
+        SkippedCandidate(ref, d.size_bytes, "not needed: the peak fit without it")
+        for ref, _, _, d in candidates if ref not in chosen
+    )
+    overhead = sum(
+        max(0.0, timing.completion_s[d.trigger] + d.transfer_s - timing.start_s[d.consumers[0]]) for d in decisions
+    )
+    return SwapPlan(
+        budget_bytes=budget_bytes,
+        predicted_peak_before_bytes=before.peak_bytes,
+        predicted_peak_after_bytes=before.peak_bytes if peak_after is None else peak_after,
+        decisions=decisions,
+        skipped=tuple(skipped) + unused,
+        predicted_overhead_s=overhead,
+    )

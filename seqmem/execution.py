@@ -1,0 +1,48 @@
+"""Helpers for running a step to measure it, leaving no trace: inputs from specs,
+waiting for results, and restoring the variables the step changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["block", "inputs_like", "variables_restored"]
+
+
+class variables_restored:
+    """Context manager: snapshot `variables` to host memory, restore them on exit (also on error)."""
+
+    def __init__(self, variables) -> None:
+        self._variables = list(variables)
+        self._saved: list[np.ndarray] = []
+
+    def __enter__(self) -> None:
+        self._saved = [np.array(v.numpy(), copy=True) for v in self._variables]
+
+    def __exit__(self, *exc: Any) -> None:
+        for variable, value in zip(self._variables, self._saved):
+            variable.assign(value)
+        self._saved = []
+
+
+def block(result: Any) -> None:
+    """Wait until every tensor in `result` is computed."""
+    for tensor in tf.nest.flatten(result):
+        if hasattr(tensor, "numpy"):
+            tensor.numpy()
+
+
+def inputs_like(structure: Any) -> Any:
+    """Tensors for a (nested) structure of TensorSpecs or tensors: tensors pass through;
+    floating specs get seeded normal values, others zeros (valid labels and token ids)."""
+
+    def make(value):
+        if not isinstance(value, tf.TensorSpec):
+            return tf.convert_to_tensor(value)
+        if value.dtype.is_floating:
+            return tf.random.stateless_normal(value.shape, seed=[0, 0], dtype=value.dtype)
+        return tf.zeros(value.shape, value.dtype)
+
+    return tf.nest.map_structure(make, structure)

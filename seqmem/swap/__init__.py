@@ -1,0 +1,1 @@
+"""Swapping feature maps to host memory: plan, triggers, rewrite, backends."""

@@ -1,0 +1,105 @@
+"""The swap plan: what `seqmem.optimize` decided, as plain data.
+
+A `SwapPlan` lists every swapped tensor with its size, the backward nodes that
+read it back, and the trigger node after which it is brought back; the budget;
+the predicted peak before and after; what was skipped and why. The rewriter
+takes only a graph and a plan; reports read the plan. `to_json`/`from_json`
+round-trip it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from seqmem.graph import TensorRef
+
+__all__ = ["SkippedCandidate", "SwapDecision", "SwapPlan"]
+
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SwapDecision:
+    """Swap `tensor` to host after its forward readers, and back before `consumers`.
+
+    consumers: the backward nodes that read the swapped-in copy.
+    trigger: the node whose completion starts the swap-in (a control edge).
+    transfer_s: predicted seconds of one device<->host copy of the tensor.
+    """
+
+    tensor: TensorRef
+    size_bytes: int
+    consumers: tuple[str, ...]
+    trigger: str
+    transfer_s: float
+
+
+@dataclass(frozen=True)
+class SkippedCandidate:
+    """A feature map the selector did not swap, and why."""
+
+    tensor: TensorRef
+    size_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """The optimizer's decisions; sizes in bytes, times in seconds.
+
+    feasible: predicted_peak_after_bytes <= budget_bytes.
+    predicted_overhead_s: transfer time the schedule cannot hide behind compute.
+    measured_peak_bytes: the optimized step's peak measured on the device, when
+    `optimize` calibrated it.
+    """
+
+    budget_bytes: int
+    predicted_peak_before_bytes: int
+    predicted_peak_after_bytes: int
+    decisions: tuple[SwapDecision, ...] = ()
+    skipped: tuple[SkippedCandidate, ...] = ()
+    predicted_overhead_s: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+    measured_peak_bytes: int | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.predicted_peak_after_bytes <= self.budget_bytes
+
+    @property
+    def swapped_bytes(self) -> int:
+        return sum(d.size_bytes for d in self.decisions)
+
+    def summary(self) -> str:
+        """A readable table of the plan."""
+        lines = [
+            f"budget {self.budget_bytes / _MB:.1f} MB; predicted peak {self.predicted_peak_before_bytes / _MB:.1f} MB "
+            f"-> {self.predicted_peak_after_bytes / _MB:.1f} MB ({'fits' if self.feasible else 'does NOT fit'})",
+            f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / _MB:.1f} MB), "
+            f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
+        ]
+        if self.measured_peak_bytes is not None:
+            lines.append(f"measured peak {self.measured_peak_bytes / _MB:.1f} MB")
+        lines += list(self.notes)
+        if self.decisions:
+            lines.append(f"{'MB':>8}  {'transfer ms':>11}  tensor -> trigger")
+            for d in self.decisions:
+                lines.append(f"{d.size_bytes / _MB:8.2f}  {1e3 * d.transfer_s:11.3f}  {d.tensor} -> {d.trigger}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for item in data["decisions"] + data["skipped"]:
+            item["tensor"] = str(TensorRef(**item["tensor"]))
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SwapPlan":
+        data = json.loads(text)
+        decisions = tuple(
+            SwapDecision(**{**d, "tensor": TensorRef.parse(d["tensor"]), "consumers": tuple(d["consumers"])})
+            for d in data.pop("decisions")
+        )
+        skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
+        return cls(**{**data, "notes": tuple(data.get("notes", ()))}, decisions=decisions, skipped=skipped)

@@ -1,0 +1,58 @@
+"""Trigger choice: when to start bringing a swapped tensor back.
+
+The swap-in of a tensor waits, through a control edge, for a trigger node. The
+trigger is the backward node with the latest estimated completion time such
+that completion + transfer time <= the start of the first consumer, so the copy
+overlaps computation yet arrives as late as possible. A trigger must not depend
+on the consumer (that would be a cycle): only nodes earlier than the consumer in
+topological order qualify, which guarantees it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from seqmem.critical_path import Timing
+from seqmem.graph import Graph
+
+__all__ = ["TriggerIndex"]
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    completion_s: float
+    topo_index: int
+    name: str
+
+
+class TriggerIndex:
+    """Backward nodes sorted by estimated completion time, for repeated trigger queries."""
+
+    def __init__(self, graph: Graph, timing: Timing, backward: Iterable[str]) -> None:
+        self._topo = {name: i for i, name in enumerate(graph.topological_order())}
+        self._timing = timing
+        candidates = sorted(
+            (_Candidate(timing.completion_s[n], self._topo[n], n) for n in backward),
+            key=lambda c: (c.completion_s, c.topo_index),
+        )
+        self._candidates = candidates
+        self._completions = [c.completion_s for c in candidates]
+
+    def choose(self, consumers: Iterable[str], transfer_s: float) -> tuple[str | None, bool]:
+        """The trigger for a swap-in read by `consumers`, and whether the transfer is fully hidden.
+
+        Returns (None, False) when no backward node precedes the consumers.
+        """
+        consumers = list(consumers)
+        first = min(consumers, key=lambda n: (self._timing.start_s[n], self._topo[n]))
+        limit = min(self._topo[n] for n in consumers)
+        start = self._timing.start_s[first]
+        for deadline, hidden in ((start - transfer_s, True), (start, False)):
+            position = bisect.bisect_right(self._completions, deadline)
+            for index in range(position - 1, -1, -1):
+                candidate = self._candidates[index]
+                if candidate.topo_index < limit:
+                    return candidate.name, hidden
+        return None, False

@@ -1,0 +1,73 @@
+"""Jobs run in fresh emulated-device processes by test_optimize (module-level, so they pickle)."""
+
+import numpy as np
+
+
+def equivalence(name, batch, steps=3):
+    """Optimized vs original step, same initial weights: (#swaps, losses equal, variables equal)."""
+    import tensorflow as tf
+
+    from seqmem.budget import InfeasibleBudgetError
+    from seqmem.examples import build_example
+    from seqmem.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+    original, copy = build_example(name, batch), build_example(name, batch)
+    before = optimize(copy.step, 1e6, input_signature=copy.input_specs).plan.predicted_peak_before_bytes
+    step = None
+    for fraction in (0.8, 0.85, 0.9, 0.95, 0.98):
+        try:
+            step = optimize(copy.step, fraction * before / (1 << 20), input_signature=copy.input_specs,
+                            safety_margin=0.0, calibrate=False)
+            break
+        except InfeasibleBudgetError:
+            continue
+    if step is None:
+        raise AssertionError(f"no budget below {before} bytes was feasible")
+    args = original.make_inputs(0)
+    losses = [float(original.step(*args)) for _ in range(steps)]
+    optimized_losses = [float(step(*args)) for _ in range(steps)]
+    same_variables = all(
+        np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
+    )
+    return len(step.plan.decisions), losses == optimized_losses, same_variables
+
+
+def train(name, batch, budget_mb, optimized, safety_margin=0.3):
+    """Two training steps under the process's arena; the measured peak (bytes) and the plan's prediction."""
+    from seqmem import device
+    from seqmem.examples import build_example
+    from seqmem.optimize import optimize
+
+    example = build_example(name, batch)
+    step = example.step
+    if optimized:
+        step = optimize(example.step, budget_mb, input_signature=example.input_specs, safety_margin=safety_margin)
+    args = example.make_inputs(0)
+    for _ in range(2):
+        step(*args).numpy()
+    predicted = step.plan.predicted_peak_after_bytes if optimized else None
+    return device.memory_stats().peak_bytes, predicted
+
+
+def host_device_backend_equivalence():
+    """The GPU backend with two logical CPUs: compute on CPU:1, host copies on CPU:0."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.experimental.enable_op_determinism()
+    from seqmem.examples import build_example
+    from seqmem.optimize import optimize
+    from seqmem.swap.backends import HostDeviceBackend
+
+    with tf.device("/device:CPU:1"):
+        original, copy = build_example("cnn", 32), build_example("cnn", 32)
+        args = original.make_inputs(0)
+        before = optimize(copy.step, 1e6, input_signature=copy.input_specs).plan.predicted_peak_before_bytes
+        step = optimize(copy.step, 0.9 * before / (1 << 20), input_signature=copy.input_specs, safety_margin=0.0,
+                        calibrate=False, backend=HostDeviceBackend("/device:CPU:0", "/device:CPU:1"))
+        losses = [float(original.step(*args)) for _ in range(2)]
+        optimized = [float(step(*args)) for _ in range(2)]
+    host_nodes = [n.device for n in step.graph_def.node if n.name.startswith("seqmem_swap") and n.name.endswith("/out")]
+    return len(step.plan.decisions), losses == optimized, sorted(set(host_nodes))

@@ -1,0 +1,133 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqmem.anatomy import analyze_step
+from seqmem.budget import InfeasibleBudgetError, plan_swaps
+from seqmem.critical_path import analyze_timing, static_costs
+from seqmem.graph import Node, TensorInfo, TensorRef
+from seqmem.memory import schedule
+from seqmem.swap.plan import SwapPlan
+from seqmem.swap.rewrite import rewrite
+from tests.builders import graph, node
+
+MB = 1 << 20
+
+
+class IdentityBackend:
+    """Plain IR nodes standing in for the TF backends."""
+
+    def swap_out(self, name, tensor, info, producer):
+        return [Node(name, "HostCopy", (tensor,), outputs=(info,))]
+
+    def swap_in(self, name, host, info, trigger, consumer):
+        return [Node(name, "DeviceCopy", (host,), control_inputs=(trigger,), outputs=(info,))]
+
+
+def mlp_like(layers=4, size=MB):
+    """x -> f1..fn -> loss; gradient_tape/g_n..g_1 each read their f_i and the next gradient."""
+    nodes = [node("x", "Placeholder", outputs=(1024,))]
+    previous = "x"
+    for i in range(1, layers + 1):
+        nodes.append(node(f"f{i}", "Op", [previous], outputs=(size,)))
+        previous = f"f{i}"
+    nodes.append(node("loss", "Sum", [previous], outputs=(TensorInfo("float32", (), 4),)))
+    nodes.append(node("ones", "Const", outputs=(4,)))
+    gradient = "ones"
+    for i in range(layers, 0, -1):
+        nodes.append(node(f"gradient_tape/g{i}", "Op", [gradient, f"f{i}"], outputs=(size,)))
+        gradient = f"gradient_tape/g{i}"
+    return graph(*nodes)
+
+
+def _analysis(g):
+    anatomy = analyze_step(g)
+    timing = analyze_timing(g, static_costs(g), anatomy.loss.node)
+    return anatomy, timing, schedule(g, timing)
+
+
+def test_already_fitting_step_is_left_alone():
+    g = mlp_like()
+    plan = plan_swaps(g, *_analysis(g), budget_bytes=100 * MB, allocator="exact")
+    assert not plan.decisions and plan.feasible and "already fits" in plan.notes[0]
+    assert rewrite(g, plan, IdentityBackend()) is g
+
+
+def test_swaps_longest_lived_first_and_fits_budget():
+    g = mlp_like(layers=6)
+    anatomy, timing, order = _analysis(g)
+    before = plan_swaps(g, anatomy, timing, order, budget_bytes=100 * MB, allocator="exact")
+    plan = plan_swaps(g, anatomy, timing, order, budget_bytes=before.predicted_peak_before_bytes - 2 * MB,
+                      allocator="exact")
+    assert plan.feasible and plan.predicted_peak_after_bytes <= plan.budget_bytes
+    assert plan.decisions[0].tensor == TensorRef("f1")     # farthest from the loss
+    for decision in plan.decisions:
+        assert decision.consumers == (f"gradient_tape/g{decision.tensor.node[1:]}",)
+
+
+def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
+    g = mlp_like(layers=6)
+    anatomy, timing, order = _analysis(g)
+    plan = plan_swaps(g, anatomy, timing, order, budget_bytes=5 * MB, allocator="exact")
+    new = rewrite(g, plan, IdentityBackend())
+    new.validate()
+    for decision in plan.decisions:
+        ref = decision.tensor
+        forward_readers = [r for r in new.consumers(ref) if r.startswith("f") or r == "loss"]
+        assert forward_readers, "forward readers keep the original"
+        swap_in = new.node(new.node(decision.consumers[0]).inputs[1].node)
+        assert swap_in.op == "DeviceCopy" and swap_in.control_inputs == (decision.trigger,)
+        assert decision.consumers[0] not in new.ancestors([decision.trigger])
+
+
+def test_infeasible_budget_names_the_minimum_and_the_op():
+    g = mlp_like()
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"):
+        plan_swaps(g, *_analysis(g), budget_bytes=MB // 2, allocator="exact")
+
+
+def test_plan_json_round_trip():
+    g = mlp_like(layers=6)
+    plan = plan_swaps(g, *_analysis(g), budget_bytes=5 * MB, allocator="exact")
+    assert SwapPlan.from_json(plan.to_json()) == plan
+    assert "tensors swapped" in plan.summary()
+
+
+@st.composite
+def training_chains(draw):
+    layers = draw(st.integers(2, 9))
+    sizes = draw(st.lists(st.integers(1, 8), min_size=layers, max_size=layers))
+    nodes = [node("x", "Placeholder", outputs=(1024,))]
+    for i in range(1, layers + 1):
+        skip = draw(st.integers(0, i - 1))
+        inputs = [nodes[-1].name] + ([f"f{skip}"] if skip and draw(st.booleans()) else [])
+        nodes.append(node(f"f{i}", "Op", inputs, outputs=(sizes[i - 1] * MB,)))
+    nodes.append(node("loss", "Sum", [f"f{layers}"], outputs=(TensorInfo("float32", (), 4),)))
+    nodes.append(node("ones", "Const", outputs=(4,)))
+    gradient = "ones"
+    for i in range(layers, 0, -1):
+        nodes.append(node(f"gradient_tape/g{i}", "Op", [gradient, f"f{i}"], outputs=(sizes[i - 1] * MB,)))
+        gradient = f"gradient_tape/g{i}"
+    return graph(*nodes), draw(st.floats(0.3, 1.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(training_chains())
+def test_random_plans_are_acyclic_deterministic_and_honest(case):
+    g, fraction = case
+    anatomy, timing, order = _analysis(g)
+    peak = plan_swaps(g, anatomy, timing, order, budget_bytes=1 << 40, allocator="exact").predicted_peak_before_bytes
+    budget = int(peak * fraction)
+    try:
+        plan = plan_swaps(g, anatomy, timing, order, budget_bytes=budget, allocator="exact")
+    except InfeasibleBudgetError:
+        return
+    assert plan == plan_swaps(g, anatomy, timing, order, budget_bytes=budget, allocator="exact")
+    assert plan.predicted_peak_after_bytes <= budget
+    new = rewrite(g, plan, IdentityBackend())
+    new.validate()
+    for decision in plan.decisions:
+        for consumer in decision.consumers:
+            # the rerouted reader reads a copy of exactly the swapped tensor
+            copy = new.node(next(r.node for r in new.node(consumer).inputs if r.node.startswith("seqmem_swap")))
+            assert new.node(copy.inputs[0].node).inputs[0] == decision.tensor

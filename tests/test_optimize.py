@@ -1,0 +1,45 @@
+import math
+
+import pytest
+import tensorflow as tf
+
+from seqmem.device import run_with_budget
+from seqmem.optimize import optimize
+from tests import optimize_jobs
+
+
+@pytest.mark.parametrize("name, batch", [("mlp", 2048), ("cnn", 64), ("lstm", 32)])
+def test_optimized_step_is_bit_identical_to_the_original(name, batch):
+    run = run_with_budget(optimize_jobs.equivalence, name, batch, budget_mb=4096)
+    assert run.ok, run.message
+    swaps, same_losses, same_variables = run.value
+    assert swaps > 0 and same_losses and same_variables
+
+
+def test_step_that_ooms_trains_under_the_same_budget_with_seqmem():
+    budget_mb = 170
+    baseline = run_with_budget(optimize_jobs.train, "cnn", 128, budget_mb, False, budget_mb=budget_mb)
+    assert baseline.verdict == "oom"
+    optimized = run_with_budget(optimize_jobs.train, "cnn", 128, budget_mb, True, budget_mb=budget_mb)
+    assert optimized.ok, optimized.message
+    measured, predicted = optimized.value
+    assert measured <= budget_mb << 20 and predicted <= budget_mb << 20
+
+
+def test_host_device_backend_on_two_logical_cpus():
+    run = run_with_budget(optimize_jobs.host_device_backend_equivalence, budget_mb=4096)
+    assert run.ok, run.message
+    swaps, same_losses, host_devices = run.value
+    assert swaps > 0 and same_losses and host_devices == ["/device:CPU:0"]
+
+
+@pytest.mark.parametrize("budget", [0, -1, math.nan, math.inf, "12", None, True])
+def test_bad_budgets_are_value_errors(budget):
+    step = tf.function(lambda x: x)
+    with pytest.raises(ValueError, match="memory_budget_mb"):
+        optimize(step, budget)
+
+
+def test_wrong_target_is_a_type_error():
+    with pytest.raises(TypeError, match="tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"):
+        optimize(lambda x: x, 100)
