@@ -28,11 +28,10 @@ __all__ = ["MemoryEfficientBahdanauAttention", "additive_score"]
 @tf.custom_gradient
 def _score(processed_query, keys, weight):
     """sum(weight * tanh(keys + query), axis=2); backward recomputes the tanh."""
-    score = tf.reduce_sum(weight * tf.tanh(keys + processed_query[:, tf.newaxis, :]), axis=2)
+    score = _weighted_sum(tf.tanh(keys + processed_query[:, tf.newaxis, :]), weight)
 
     def grad(d_score):
-        energy = tf.tanh(keys + processed_query[:, tf.newaxis, :])
-        d_pre, d_weight = _energy_gradients(d_score, energy, weight)
+        d_pre, d_weight = _energy_gradients(d_score, tf.tanh(keys + processed_query[:, tf.newaxis, :]), weight)
         return tf.reduce_sum(d_pre, axis=1), d_pre, d_weight
 
     return score, grad
@@ -41,21 +40,29 @@ def _score(processed_query, keys, weight):
 @tf.custom_gradient
 def _score_with_bias(processed_query, keys, weight, bias):
     """sum(weight * tanh(keys + query + bias), axis=2); backward recomputes the tanh."""
-    score = tf.reduce_sum(weight * tf.tanh(keys + processed_query[:, tf.newaxis, :] + bias), axis=2)
+    score = _weighted_sum(tf.tanh(keys + (processed_query + bias)[:, tf.newaxis, :]), weight)
 
     def grad(d_score):
-        energy = tf.tanh(keys + processed_query[:, tf.newaxis, :] + bias)
+        energy = tf.tanh(keys + (processed_query + bias)[:, tf.newaxis, :])
         d_pre, d_weight = _energy_gradients(d_score, energy, weight)
-        return tf.reduce_sum(d_pre, axis=1), d_pre, d_weight, tf.reduce_sum(d_pre, axis=[0, 1])
+        d_query = tf.reduce_sum(d_pre, axis=1)
+        return d_query, d_pre, d_weight, tf.reduce_sum(d_query, axis=0)
 
     return score, grad
 
 
+def _weighted_sum(energy, weight):
+    """[B, T, U] x [U] -> [B, T] without a [B, T, U] product."""
+    return tf.einsum("btu,u->bt", energy, weight)
+
+
 def _energy_gradients(d_score, energy, weight):
-    """Gradients w.r.t. the pre-activation [B, T, U] and the score weight [U]."""
-    d_score = d_score[:, :, tf.newaxis]
-    d_pre = d_score * weight * (1.0 - tf.square(energy))
-    d_weight = tf.reduce_sum(d_score * energy, axis=[0, 1])
+    """Gradients w.r.t. the pre-activation [B, T, U] and the score weight [U].
+
+    One [B, T, U] temporary besides `energy`: TanhGrad may write into it.
+    """
+    d_pre = tf.raw_ops.TanhGrad(y=energy, dy=d_score[:, :, tf.newaxis] * weight)
+    d_weight = tf.einsum("bt,btu->u", d_score, energy)
     return d_pre, d_weight
 
 
