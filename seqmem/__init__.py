@@ -8,12 +8,17 @@ import importlib
 
 __all__ = [
     "Graph",
+    "InfeasibleBudgetError",
     "MachineModel",
+    "MemoryEfficientBahdanauAttention",
+    "OptimizedStep",
     "Profile",
     "StepAnatomy",
+    "SwapPlan",
     "TensorRef",
     "analyze_step",
     "analyze_timing",
+    "optimize",
     "profile",
     "simulate",
 ]
@@ -26,8 +31,13 @@ _HOME = {
     "MachineModel": "seqmem.critical_path",
     "analyze_timing": "seqmem.critical_path",
     "simulate": "seqmem.memory",
-    "Profile": "seqmem.profile",
-    "profile": "seqmem.profile",
+    "Profile": "seqmem.profiling",
+    "profile": "seqmem.profiling",
+    "InfeasibleBudgetError": "seqmem.budget",
+    "SwapPlan": "seqmem.swap.plan",
+    "OptimizedStep": "seqmem.optimizer",
+    "optimize": "seqmem.optimizer",
+    "MemoryEfficientBahdanauAttention": "seqmem.attention",
 }
 
 

@@ -53,7 +53,7 @@ class AccuracyRow:
 def _profile_example(name: str, batch: int) -> tuple[int, int, tuple[int, int]]:
     """Child-process side: profile one example; (predicted, median measured, (min, max) measured) bytes."""
     from seqmem.examples import build_example
-    from seqmem.profile import profile
+    from seqmem.profiling import profile
 
     example = build_example(name, batch)
     result = profile(example.step, *example.make_inputs(0), measure=True, measured_steps=MEASURED_STEPS)

@@ -9,7 +9,10 @@
 pass, so training stores O(T_dec * B * T_enc * units). Here the score is a
 `tf.custom_gradient` function whose backward recomputes the tanh from `keys`
 (loop-invariant) and the `[batch, units]` query, so a decoder step keeps only
-its query: O(T_dec * B * units) plus the keys once.
+its query: O(T_dec * B * units) plus the keys once. The recomputation waits for
+the step's incoming gradient (a control edge): otherwise the gradient loop,
+which runs up to 32 iterations at once, would recompute many steps' energies
+ahead of time and hold them together.
 
 `MemoryEfficientBahdanauAttention` subclasses tfa's class and changes only how
 the score is differentiated: constructor, `setup_memory`, call contract,
@@ -31,7 +34,9 @@ def _score(processed_query, keys, weight):
     score = _weighted_sum(tf.tanh(keys + processed_query[:, tf.newaxis, :]), weight)
 
     def grad(d_score):
-        d_pre, d_weight = _energy_gradients(d_score, tf.tanh(keys + processed_query[:, tf.newaxis, :]), weight)
+        with tf.control_dependencies([d_score]):  # recompute only when this step's gradient arrives
+            energy = tf.tanh(keys + processed_query[:, tf.newaxis, :])
+        d_pre, d_weight = _energy_gradients(d_score, energy, weight)
         return tf.reduce_sum(d_pre, axis=1), d_pre, d_weight
 
     return score, grad
@@ -43,7 +48,8 @@ def _score_with_bias(processed_query, keys, weight, bias):
     score = _weighted_sum(tf.tanh(keys + (processed_query + bias)[:, tf.newaxis, :]), weight)
 
     def grad(d_score):
-        energy = tf.tanh(keys + (processed_query + bias)[:, tf.newaxis, :])
+        with tf.control_dependencies([d_score]):  # recompute only when this step's gradient arrives
+            energy = tf.tanh(keys + (processed_query + bias)[:, tf.newaxis, :])
         d_pre, d_weight = _energy_gradients(d_score, energy, weight)
         d_query = tf.reduce_sum(d_pre, axis=1)
         return d_query, d_pre, d_weight, tf.reduce_sum(d_query, axis=0)

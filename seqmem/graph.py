@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from seqmem.errors import GraphError
 from seqmem.op_classes import LOOP_BACK_OPS, LOOP_MERGE_OPS
@@ -26,9 +26,8 @@ __all__ = ["Graph", "Node", "TensorInfo", "TensorRef"]
 
 
 
-@dataclass(frozen=True, order=True)
-class TensorRef:
-    """Output `index` of node `node`."""
+class TensorRef(NamedTuple):
+    """Output `index` of node `node` (a tuple, so hashing and comparing are cheap)."""
 
     node: str
     index: int = 0

@@ -9,7 +9,7 @@ def equivalence(name, batch, steps=3):
 
     from seqmem.budget import InfeasibleBudgetError
     from seqmem.examples import build_example
-    from seqmem.optimize import optimize
+    from seqmem.optimizer import optimize
 
     tf.config.experimental.enable_op_determinism()
     original, copy = build_example(name, batch), build_example(name, batch)
@@ -33,23 +33,6 @@ def equivalence(name, batch, steps=3):
     return len(step.plan.decisions), losses == optimized_losses, same_variables
 
 
-def train(name, batch, budget_mb, optimized, safety_margin=0.3):
-    """Two training steps under the process's arena; the measured peak (bytes) and the plan's prediction."""
-    from seqmem import device
-    from seqmem.examples import build_example
-    from seqmem.optimize import optimize
-
-    example = build_example(name, batch)
-    step = example.step
-    if optimized:
-        step = optimize(example.step, budget_mb, input_signature=example.input_specs, safety_margin=safety_margin)
-    args = example.make_inputs(0)
-    for _ in range(2):
-        step(*args).numpy()
-    predicted = step.plan.predicted_peak_after_bytes if optimized else None
-    return device.memory_stats().peak_bytes, predicted
-
-
 def host_device_backend_equivalence():
     """The GPU backend with two logical CPUs: compute on CPU:1, host copies on CPU:0."""
     import tensorflow as tf
@@ -58,7 +41,7 @@ def host_device_backend_equivalence():
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     tf.config.experimental.enable_op_determinism()
     from seqmem.examples import build_example
-    from seqmem.optimize import optimize
+    from seqmem.optimizer import optimize
     from seqmem.swap.backends import HostDeviceBackend
 
     with tf.device("/device:CPU:1"):

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from seqmem.errors import NoBackwardPassError, UnknownShapeError
 from seqmem.examples import build_example
-from seqmem.profile import profile
+from seqmem.profiling import profile
 
 
 @pytest.fixture(scope="module")

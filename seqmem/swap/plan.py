@@ -91,7 +91,7 @@ class SwapPlan:
     def to_json(self) -> str:
         data = asdict(self)
         for item in data["decisions"] + data["skipped"]:
-            item["tensor"] = str(TensorRef(**item["tensor"]))
+            item["tensor"] = str(TensorRef(*item["tensor"]))
         return json.dumps(data, indent=2)
 
     @classmethod

@@ -1,0 +1,1 @@
+"""ResNet builders and benchmarks."""
