@@ -54,3 +54,23 @@ def host_device_backend_equivalence():
         optimized = [float(step(*args)) for _ in range(2)]
     host_nodes = [n.device for n in step.graph_def.node if n.name.startswith("seqmem_swap") and n.name.endswith("/out")]
     return len(step.plan.decisions), losses == optimized, sorted(set(host_nodes))
+
+
+def keras_fit(batch, seqmem_budget_mb=None, epochs=2):
+    """model.fit of the built-in CNN on synthetic data, optionally under seqmem; the loss history."""
+    import tensorflow as tf
+
+    from seqmem.examples import build_example
+    from seqmem.keras import fit_within_budget
+
+    tf.config.experimental.enable_op_determinism()
+    example = build_example("cnn", batch)
+    images, labels = example.make_inputs(0)
+    model = example.model
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if seqmem_budget_mb is not None:
+        fit_within_budget(model, seqmem_budget_mb, safety_margin=0.3)
+    dataset = tf.data.Dataset.from_tensor_slices((tf.concat([images, images], 0), tf.concat([labels, labels], 0)))
+    history = model.fit(dataset.batch(batch), epochs=epochs, verbose=0, shuffle=False)
+    return history.history["loss"]

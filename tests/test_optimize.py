@@ -45,3 +45,19 @@ def test_bad_budgets_are_value_errors(budget):
 def test_wrong_target_is_a_type_error():
     with pytest.raises(TypeError, match="tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"):
         optimize(lambda x: x, 100)
+
+
+def test_keras_fit_within_budget_matches_plain_fit_where_plain_fit_ooms():
+    reference = run_with_budget(optimize_jobs.keras_fit, 128, budget_mb=4096)
+    assert reference.ok, reference.message
+    assert run_with_budget(optimize_jobs.keras_fit, 128, budget_mb=170).verdict == "oom"
+    optimized = run_with_budget(optimize_jobs.keras_fit, 128, 170, budget_mb=170)
+    assert optimized.ok, optimized.message
+    assert optimized.value == reference.value
+
+
+def test_fit_within_budget_needs_a_compiled_model():
+    from seqmem.keras import fit_within_budget
+
+    with pytest.raises(ValueError, match="compile the model"):
+        fit_within_budget(tf.keras.Sequential([tf.keras.layers.Dense(2)]), 100)
