@@ -247,7 +247,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         scratch = scratch_bytes.get(name, 0)
         scratch_handle = memory.model.allocate(scratch) if scratch else None
         for dev, other in memories.items():
-            timelines.setdefault(dev, [0] * step).append(other.transient_bytes)
+            if dev not in timelines:
+                timelines[dev] = [0] * step
+            timelines[dev].append(other.transient_bytes)
         if scratch_handle is not None:
             memory.model.free(scratch_handle)
 
