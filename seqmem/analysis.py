@@ -7,6 +7,7 @@ ConcreteFunction. The result is plain data; nothing here runs the step.
 from __future__ import annotations
 
 import os
+from typing import Any
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,14 +40,14 @@ def measuring_device_present() -> bool:
 
 
 def analyze(
-    function: capture.ConcreteFunction,
+    function: Any,
     *,
     loss: str | TensorRef | None = None,
     machine: MachineModel = MachineModel(),
     op_time_s: Mapping[str, float] | None = None,
     measure_scratch: bool = False,
 ) -> StepAnalysis:
-    """Analyze `function`'s training step.
+    """Analyze the training step `function` (a ConcreteFunction, or any target `capture.from_tf` takes).
 
     op_time_s: measured seconds per node (from `op_trace.trace_op_times`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.

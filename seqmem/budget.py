@@ -191,7 +191,9 @@ def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_by
         if size is None or size < min_swap_bytes:
             skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {min_swap_bytes} bytes"))
             continue
-        sharing = [a for a in aliases.get(trace.buffer_of.get(ref), ()) if a != ref]
+        # forward-time aliases only: a backward op writing in place into this buffer would, after the
+        # rewrite, write into the swapped-in copy instead
+        sharing = [a for a in aliases.get(trace.buffer_of.get(ref), ()) if a != ref and a.node not in anatomy.backward]
         if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
             skipped.append(SkippedCandidate(ref, size, "shares its buffer with another tensor read in backward"))
             continue

@@ -48,5 +48,6 @@ def fit_within_budget(model: tf.keras.Model, memory_budget_mb: float, **optimize
             steps[key] = optimize(train_step, memory_budget_mb, input_signature=[specs], **optimize_options)
         return steps[key](data)
 
+    train_function.optimized_steps = steps  # by batch shapes, for inspection (e.g. .plan)
     model.train_function = train_function
     return model

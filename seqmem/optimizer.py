@@ -99,9 +99,11 @@ def optimize(
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
     the predictor's error (within about 15%, see README).
     calibrate: on a measuring device (emulated or GPU), run the optimized step
-    twice on synthetic inputs (variables restored afterwards); if its measured
+    four times on synthetic inputs (variables restored afterwards); if its highest
     peak exceeds the budget, plan again for less, up to 3 times. The measured
-    peak is recorded in the plan.
+    peak is recorded in the plan. Peaks vary from step to step (TensorFlow's
+    executor runs independent ops concurrently), so a later step can still
+    exceed what calibration saw; the margin is there for that.
     Raises ValueError for a budget that is not a positive finite number or a
     margin outside [0, 1), TypeError for another target, InfeasibleBudgetError
     when no swap set fits.
@@ -151,7 +153,7 @@ def optimize(
     return step
 
 
-def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, calls: int = 2) -> int | None:
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, calls: int = 4) -> int | None:
     """Peak device bytes over `calls` calls of `step` on synthetic inputs, or None if one ran out of memory."""
     args = inputs_like(function.structured_input_signature[0])
     with variables_restored(function.graph.variables):
@@ -165,16 +167,10 @@ def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, call
 
 
 def _optimize_graph(target, budget_bytes, loss, machine, backend, min_swap_bytes) -> OptimizedStep:
-    from seqmem.anatomy import analyze_step
-    from seqmem.critical_path import analyze_timing, static_costs
-    from seqmem.memory import schedule
-
-    graph = capture.from_tf(target)
-    anatomy = analyze_step(graph, loss)
-    timing = analyze_timing(graph, static_costs(graph, machine), anatomy.loss.node)
-    plan = plan_swaps(graph, anatomy, timing, schedule(graph, timing), budget_bytes, machine=machine,
-                      min_swap_bytes=min_swap_bytes)
-    return OptimizedStep(plan, capture.to_graph_def(rewrite(graph, plan, backend)))
+    analysis = analyze(target, loss=loss, machine=machine)
+    plan = plan_swaps(analysis.graph, analysis.anatomy, analysis.timing, analysis.order, budget_bytes,
+                      machine=machine, scratch_bytes=analysis.scratch_bytes, min_swap_bytes=min_swap_bytes)
+    return OptimizedStep(plan, capture.to_graph_def(rewrite(analysis.graph, plan, backend)))
 
 
 def _executable(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):

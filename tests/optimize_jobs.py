@@ -57,7 +57,7 @@ def host_device_backend_equivalence():
 
 
 def keras_fit(batch, seqmem_budget_mb=None, epochs=2):
-    """model.fit of the built-in CNN on synthetic data, optionally under seqmem; the loss history."""
+    """model.fit of the built-in CNN on synthetic data, optionally under seqmem; (loss history, swaps made)."""
     import tensorflow as tf
 
     from seqmem.examples import build_example
@@ -69,8 +69,11 @@ def keras_fit(batch, seqmem_budget_mb=None, epochs=2):
     model = example.model
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01, momentum=0.9),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fitted = {}
     if seqmem_budget_mb is not None:
         fit_within_budget(model, seqmem_budget_mb, safety_margin=0.3)
+        fitted = model.train_function.optimized_steps
     dataset = tf.data.Dataset.from_tensor_slices((tf.concat([images, images], 0), tf.concat([labels, labels], 0)))
     history = model.fit(dataset.batch(batch), epochs=epochs, verbose=0, shuffle=False)
-    return history.history["loss"]
+    swaps = len(next(iter(fitted.values())).plan.decisions) if seqmem_budget_mb is not None else 0
+    return history.history["loss"], swaps
