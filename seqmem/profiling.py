@@ -108,7 +108,8 @@ class Profile:
         busiest = self.memory.busiest()
         times_ms = [1e3 * self.timing.start_s[name] for name in self.memory.order]
         total_mb = [(busiest.persistent_bytes + live) / _MB for live in busiest.live_bytes]
-        forward = [name in self.anatomy.forward for name in self.memory.order]
+        loss_done_ms = 1e3 * self.timing.completion_s[self.anatomy.loss.node]
+        forward = [t <= loss_done_ms for t in times_ms]  # the schedule is by start time: one split
         figure, axes = plt.subplots(figsize=(8, 4.5))
         axes.step(times_ms, total_mb, where="post", color="0.3", linewidth=1, label="predicted live memory")
         axes.fill_between(times_ms, 0, total_mb, where=forward, step="post", color="tab:blue", alpha=0.3, label="forward")
