@@ -27,6 +27,7 @@ from seqmem.errors import TensorFlowAlreadyInitializedError
 __all__ = [
     "BudgetRun",
     "MemoryStats",
+    "check_budget_mb",
     "configure_emulated_device",
     "configure_gpu_budget",
     "emulated_budget_mb",
@@ -44,7 +45,7 @@ _ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 
 def emulated_device_env(budget_mb: int) -> dict[str, str]:
     """Environment variables that make the CPU an emulated device of `budget_mb` MiB."""
-    _check_budget(budget_mb)
+    check_budget_mb(budget_mb)
     return {
         _ENV_BFC: "true",
         _ENV_LIMIT: str(int(budget_mb)),
@@ -53,9 +54,11 @@ def emulated_device_env(budget_mb: int) -> dict[str, str]:
     }
 
 
-def _check_budget(budget_mb: Any) -> None:
-    if isinstance(budget_mb, bool) or not isinstance(budget_mb, (int, float)) or not budget_mb > 0:
-        raise ValueError(f"budget_mb must be a positive number of MiB, got {budget_mb!r}")
+def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
+    """`value` if it is a positive, finite number of MiB; ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of MiB (finite), got {value!r}")
+    return value
 
 
 def configure_emulated_device(budget_mb: int) -> None:
@@ -91,7 +94,7 @@ def configure_gpu_budget(budget_mb: int) -> None:
     Raises RuntimeError with advice if the devices are already initialized, and
     ValueError when no GPU is visible.
     """
-    _check_budget(budget_mb)
+    check_budget_mb(budget_mb)
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["block", "inputs_like", "variables_restored"]
+__all__ = ["block", "inputs_like", "step_peaks", "variables_restored"]
 
 
 class variables_restored:
@@ -46,3 +46,19 @@ def inputs_like(structure: Any) -> Any:
         return tf.zeros(value.shape, value.dtype)
 
     return tf.nest.map_structure(make, structure)
+
+
+def step_peaks(run: Any, args: Any, variables, calls: int, warm_up: bool = False) -> list[int]:
+    """Peak device bytes of each of `calls` calls of `run(*args)` (after one unmeasured call if
+    `warm_up`), with `variables` restored afterwards, also on error (ResourceExhaustedError included)."""
+    from seqmem import device
+
+    peaks = []
+    with variables_restored(variables):
+        if warm_up:
+            block(run(*args))
+        for _ in range(calls):
+            device.reset_peak()
+            block(run(*args))
+            peaks.append(device.memory_stats().peak_bytes)
+    return peaks

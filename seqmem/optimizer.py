@@ -8,7 +8,6 @@ with the original variable handles mapped in, so variables update in place.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import tensorflow as tf
@@ -18,7 +17,7 @@ from seqmem import capture, device
 from seqmem.analysis import analyze, measuring_device_present
 from seqmem.budget import InfeasibleBudgetError, plan_swaps
 from seqmem.critical_path import MachineModel
-from seqmem.execution import block, inputs_like, variables_restored
+from seqmem.execution import inputs_like, step_peaks
 from seqmem.graph import TensorRef
 from seqmem.swap.backends import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.swap.plan import SwapPlan
@@ -63,14 +62,6 @@ class OptimizedStep:
             ) from None
 
 
-def _check_budget(memory_budget_mb: Any) -> int:
-    if isinstance(memory_budget_mb, bool) or not isinstance(memory_budget_mb, (int, float)):
-        raise ValueError(f"memory_budget_mb must be a number of MiB, got {memory_budget_mb!r}")
-    if not math.isfinite(memory_budget_mb) or memory_budget_mb <= 0:
-        raise ValueError(f"memory_budget_mb must be a positive, finite number of MiB, got {memory_budget_mb!r}")
-    return int(memory_budget_mb * _MB)
-
-
 def _default_backend() -> SwapBackend:
     if tf.config.list_logical_devices("GPU"):
         return HostDeviceBackend("/device:CPU:0", "/device:GPU:0")
@@ -110,7 +101,7 @@ def optimize(
     """
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
-    budget_bytes = _check_budget(memory_budget_mb)
+    budget_bytes = int(device.check_budget_mb(memory_budget_mb, "memory_budget_mb") * _MB)
     planned_bytes = int(budget_bytes * (1 - safety_margin))
     backend = backend or _default_backend()
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
@@ -154,16 +145,12 @@ def optimize(
 
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, calls: int = 4) -> int | None:
-    """Peak device bytes over `calls` calls of `step` on synthetic inputs, or None if one ran out of memory."""
+    """Highest peak device bytes of `calls` calls of `step` on synthetic inputs, or None if one ran out of memory."""
     args = inputs_like(function.structured_input_signature[0])
-    with variables_restored(function.graph.variables):
-        try:
-            device.reset_peak()
-            for _ in range(calls):
-                block(step(*args))
-        except tf.errors.ResourceExhaustedError:
-            return None
-        return device.memory_stats().peak_bytes
+    try:
+        return max(step_peaks(step, args, function.graph.variables, calls))
+    except tf.errors.ResourceExhaustedError:
+        return None
 
 
 def _optimize_graph(target, budget_bytes, loss, machine, backend, min_swap_bytes) -> OptimizedStep:

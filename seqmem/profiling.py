@@ -20,7 +20,7 @@ from seqmem.analysis import analyze, measuring_device_present
 from seqmem.anatomy import StepAnatomy
 from seqmem.critical_path import MachineModel, Timing
 from seqmem.errors import UnknownShapeError
-from seqmem.execution import block, inputs_like, variables_restored
+from seqmem.execution import inputs_like, step_peaks, variables_restored
 from seqmem.graph import Graph, TensorRef
 from seqmem.memory import MemoryTrace, simulate
 
@@ -227,16 +227,8 @@ def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction, s
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    peaks = []
-    with variables_restored(function.graph.variables):
-        block(run(*args))
-        for _ in range(steps):
-            device.reset_peak()
-            block(run(*args))
-            stats = device.memory_stats()
-            peaks.append(stats.peak_bytes)
-    peaks.sort()
-    return MeasuredPeak(stats.device, peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
+    peaks = sorted(step_peaks(run, args, function.graph.variables, steps, warm_up=True))
+    return MeasuredPeak(device.memory_device(), peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
 
 
 def _spec_of(value: Any) -> tf.TensorSpec:
