@@ -1,5 +1,5 @@
 # Two entry points, both self-contained on a machine with only Python 3.11:
-#   make demo   create/reuse .venv, install seqmem, run the main job
+#   make demo   create/reuse .venv, install seqmem, run the main job and the quick benchmarks
 #   make test   create/reuse .venv, install seqmem[dev], run the tests
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -23,6 +23,8 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 
 demo: $(STAMP_RUN)
 	$(BIN)/seqmem demo --out demo-output
+	$(BIN)/python -m models.resnet.benchmark --quick --out demo-output/resnet
+	$(BIN)/python -m models.nmt.benchmark --quick --out demo-output/nmt
 
 test: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q

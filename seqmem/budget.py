@@ -35,7 +35,14 @@ _MAX_ROUNDS = 64
 
 
 class InfeasibleBudgetError(SeqmemError, ValueError):
-    """Even swapping every candidate cannot fit the step into the budget."""
+    """Even swapping every candidate cannot fit the step into the budget.
+
+    smallest_peak_bytes: the lowest predicted peak any plan reaches, when known.
+    """
+
+    def __init__(self, message: str, smallest_peak_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.smallest_peak_bytes = smallest_peak_bytes
 
 
 class _MaxTree:
@@ -123,14 +130,12 @@ def plan_swaps(
 
     def peak(events=()) -> tuple[MemoryTrace, bool]:
         """The simulated trace and whether the allocator model placed every buffer in the arena."""
-        trace = simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes)
-        if arena_bytes is None or allocator != "bfc":
-            return trace, True
+        limit = arena_bytes if allocator == "bfc" else None
         try:
-            simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes, limit_bytes=arena_bytes)
+            return simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes,
+                            limit_bytes=limit), True
         except OutOfMemory:
-            return trace, False
-        return trace, True
+            return simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes), False
 
     before, placed = peak()
     if before.peak_bytes <= budget_bytes and placed:
@@ -147,19 +152,25 @@ def plan_swaps(
     chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
     target = budget_bytes - (before.peak_bytes - exact.peak_bytes)  # leave room for fragmentation
     after = before
+    forced = 1
     for _ in range(_MAX_ROUNDS):
-        _select(candidates, chosen, tree, target - device.persistent_bytes)
+        added = _select(candidates, chosen, tree, target - device.persistent_bytes)
         plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing)
         after, placed = peak(swap_events(plan, graph, order, anatomy))
         if (after.peak_bytes <= budget_bytes and placed) or len(chosen) == len(candidates):
             break
-        if after.peak_bytes <= budget_bytes:
-            # the bytes fit but the arena's regions do not hold the buffers: swap the next
-            # longest-lived candidate wherever it is live, to thin out large buffers
-            ref, out_pos, in_pos, decision = next(c for c in candidates if c[0] not in chosen)
-            tree.add(out_pos + 1, in_pos, -decision.size_bytes)
-            chosen[ref] = (out_pos, in_pos, decision)
+        if after.peak_bytes <= budget_bytes or not added:
+            # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
+            # exact model's peak is left while the allocator model's peak is still over: swap the next
+            # longest-lived candidates wherever they are live, to thin out large buffers (twice as
+            # many each time this repeats).
+            for ref, out_pos, in_pos, decision in [c for c in candidates if c[0] not in chosen][:forced]:
+                tree.add(out_pos + 1, in_pos, -decision.size_bytes)
+                chosen[ref] = (out_pos, in_pos, decision)
+            forced *= 2
         else:
+            forced = 1
+        if after.peak_bytes > budget_bytes:
             target -= max(after.peak_bytes - budget_bytes, budget_bytes // 20)
     plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
     if not placed and plan.feasible:
@@ -173,7 +184,8 @@ def plan_swaps(
         op = graph.node(after.order[busiest.peak_step])
         raise InfeasibleBudgetError(
             f"smallest achievable peak is {after.peak_bytes / _MB:.1f} MB ({op.op} {op.name!r}); "
-            f"budget was {budget_bytes / _MB:.1f} MB. Raise the budget or reduce the batch size."
+            f"budget was {budget_bytes / _MB:.1f} MB. Raise the budget or reduce the batch size.",
+            smallest_peak_bytes=after.peak_bytes,
         )
     return plan
 
@@ -217,19 +229,22 @@ def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_by
     return candidates, skipped
 
 
-def _select(candidates, chosen, tree: _MaxTree, target_live_bytes: int) -> None:
-    """Add candidates (in order) that lower the current peak, until the peak <= target."""
+def _select(candidates, chosen, tree: _MaxTree, target_live_bytes: int) -> int:
+    """Add candidates (in order) that lower the current peak, until the peak <= target; returns how many."""
+    added = 0
     progress = True
     while tree.max() > target_live_bytes and progress:
         progress = False
         for ref, out_pos, in_pos, decision in candidates:
             if tree.max() <= target_live_bytes:
-                return
+                return added
             if ref in chosen or not out_pos < tree.argmax() < in_pos:
                 continue
             tree.add(out_pos + 1, in_pos, -decision.size_bytes)
             chosen[ref] = (out_pos, in_pos, decision)
+            added += 1
             progress = True
+    return added
 
 
 def _plan(budget_bytes, before, chosen, skipped, candidates, timing, peak_after=None) -> SwapPlan:

@@ -151,13 +151,16 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSize
 
 def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer") -> TensorInfo:
     dtype = tensor.dtype.base_dtype
-    shape = None if tensor.shape.rank is None else tuple(tensor.shape.as_list())
+    static_shape = tensor.shape
+    shape = None if static_shape.rank is None else tuple(static_shape.as_list())
     if dtype == tf.resource:
         size = 0
     elif dtype == tf.variant:
         size = sizer.size(tensor)
+    elif shape is None or None in shape or dtype == tf.string:
+        size = None
     else:
-        size = _bytes(dtype, tensor.shape)
+        size = math.prod(shape) * dtype.size
     return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size)
 
 
@@ -195,15 +198,18 @@ class _VariantSizer:
             self._bodies[name] = function_def_to_graph(self._function_defs[name]) if name in self._function_defs else None
         return self._bodies[name]
 
-    def _size(self, tensor: tf.Tensor, callers: tuple, trip_count: int | None, depth: int) -> int | None:
-        """Bytes of the list `tensor` holds; `trip_count` bounds lists grown by an enclosing loop."""
+    def _size(self, tensor: tf.Tensor, callers: tuple, trip_count: int | None, depth: int,
+              filled: bool = False) -> int | None:
+        """Bytes of the list `tensor` holds; `filled`: it leaves a loop that grows it, at most
+        `trip_count` times."""
         if depth > _MAX_VARIANT_DEPTH:
             return None
         op = tensor.op
         index = tensor.value_index
-        recurse = lambda t: self._size(t, callers, trip_count, depth + 1)  # noqa: E731
+        recurse = lambda t: self._size(t, callers, trip_count, depth + 1, filled)  # noqa: E731
         if op.type in ("EmptyTensorList", "TensorListReserve"):
-            return self._list_bytes(op, trip_count)
+            # a new list holds no element buffers; a loop fills it (trip_count given by _LOOP_OPS)
+            return self._list_bytes(op, trip_count) if filled else 0
         if op.type == "TensorListFromTensor":
             return _bytes(op.inputs[0].dtype, op.inputs[0].shape)
         if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot"):
@@ -213,19 +219,42 @@ class _VariantSizer:
         if op.type in _LOOP_OPS:
             if index >= len(op.inputs):
                 return None
-            return self._size(op.inputs[index], callers, self._trip_count(op), depth + 1)
+            pushed = self._pushed_values(op, index)
+            if any(value.type == "TensorListPopBack" for value in pushed):
+                return 0  # a gradient loop consuming saved activations: the list leaves it empty
+            trip_count = 1 if pushed and all(v.type == "ReadVariableOp" for v in pushed) else self._trip_count(op)
+            return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True)
         if op.type in _CALL_OPS:
             body = self._body(op.get_attr("f").name)
             if body is None or index >= len(body.outputs):
                 return None
-            return self._size(body.outputs[index], callers + ((op, body),), trip_count, depth + 1)
+            return self._size(body.outputs[index], callers + ((op, body),), trip_count, depth + 1, filled)
         if op.type == "Placeholder" and callers:
             call_op, body = callers[-1]
             arguments = [t.op for t in body.inputs]
             if op not in arguments or arguments.index(op) >= len(call_op.inputs):
                 return None
-            return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1)
+            return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1, filled)
         return None
+
+    def _pushed_values(self, loop: tf.Operation, index: int) -> list[tf.Operation]:
+        """For loop variable `index`, the ops the body acts on it with: the producers of the values
+        pushed onto it (TensorListPushBack), or the TensorListPopBack ops that read it.
+
+        A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
+        empties it; one that pushes a variable's value each iteration (ReadVariableOp) holds one
+        buffer, shared by every element.
+        """
+        body = self._body(loop.get_attr("body").name)
+        if body is None or index >= len(body.inputs):
+            return []
+        acting = []
+        for consumer in body.inputs[index].consumers():
+            if consumer.type == "TensorListPopBack":
+                acting.append(consumer)
+            elif consumer.type == "TensorListPushBack":
+                acting.append(consumer.inputs[1].op)
+        return acting
 
     def _trip_count(self, loop: tf.Operation) -> int | None:
         """Iterations of a While loop whose condition compares a counter with a constant.
@@ -252,8 +281,8 @@ class _VariantSizer:
 
     @staticmethod
     def _list_bytes(op: tf.Operation, trip_count: int | None) -> int | None:
-        element_shape = tf.get_static_value(op.inputs[0])
-        count = tf.get_static_value(op.inputs[1])
+        element_shape = _static_value(op.inputs[0])
+        count = _static_value(op.inputs[1])
         if element_shape is None or count is None:
             return None
         count = int(count)
@@ -261,6 +290,8 @@ class _VariantSizer:
             if trip_count is None:
                 return None
             count = trip_count
+        elif trip_count is not None:
+            count = min(count, trip_count)
         element_shape = [int(d) for d in list(np.reshape(element_shape, -1))]
         if any(d < 0 for d in element_shape):
             return None

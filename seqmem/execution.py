@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["block", "inputs_like", "step_peaks", "variables_restored"]
+__all__ = ["block", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
 
 
 class variables_restored:
@@ -36,14 +36,15 @@ def block(result: Any) -> None:
 
 def inputs_like(structure: Any) -> Any:
     """Tensors for a (nested) structure of TensorSpecs or tensors: tensors pass through;
-    floating specs get seeded normal values, others zeros (valid labels and token ids)."""
+    floating specs get seeded normal values, others ones (valid labels, token ids and
+    sequence lengths: a length of 0 would fail the checks of e.g. tfa's attention)."""
 
     def make(value):
         if not isinstance(value, tf.TensorSpec):
             return tf.convert_to_tensor(value)
         if value.dtype.is_floating:
             return tf.random.stateless_normal(value.shape, seed=[0, 0], dtype=value.dtype)
-        return tf.zeros(value.shape, value.dtype)
+        return tf.ones(value.shape, value.dtype)
 
     return tf.nest.map_structure(make, structure)
 
@@ -62,3 +63,21 @@ def step_peaks(run: Any, args: Any, variables, calls: int, warm_up: bool = False
             block(run(*args))
             peaks.append(device.memory_stats().peak_bytes)
     return peaks
+
+
+def timed_steps(run: Any, args: Any, calls: int) -> tuple[list[int], list[float]]:
+    """Peak device bytes and wall-clock seconds of each of `calls` calls of `run(*args)`, after one
+    unmeasured warm-up call. Variables change as the step trains; nothing is restored."""
+    import time
+
+    from seqmem import device
+
+    block(run(*args))
+    peaks, seconds = [], []
+    for _ in range(calls):
+        device.reset_peak()
+        started = time.perf_counter()
+        block(run(*args))
+        seconds.append(time.perf_counter() - started)
+        peaks.append(device.memory_stats().peak_bytes)
+    return peaks, seconds

@@ -191,7 +191,9 @@ class Graph:
     def predecessors(self, name: str) -> set[str]:
         """Nodes `name` reads from or waits on."""
         node = self.node(name)
-        return {ref.node for ref in node.inputs} | set(node.control_inputs)
+        result = {ref[0] for ref in node.inputs}  # ref[0] is ref.node; indexing is the faster path
+        result.update(node.control_inputs)
+        return result
 
     # -- order and reachability ----------------------------------------------
 

@@ -182,14 +182,15 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
     timelines: dict[str, list[int]] = {}
     unknown: list[TensorRef] = []
 
+    consumers = graph.consumers
+
     def reads(ref: TensorRef, late: bool) -> int:
         """Readers of `ref` that read the original (late=False) or the swapped-in copy."""
         event = swap_by_tensor.get(ref)
-        readers = graph.consumers(ref)
         if event is None:
-            return 0 if late else len(readers)
+            return 0 if late else len(consumers(ref))
         cut = position[event.in_before]
-        return sum(1 for r in readers if (position[r] >= cut) == late)
+        return sum(1 for r in consumers(ref) if (position[r] >= cut) == late)
 
     def allocate(buffer: _Buffer) -> None:
         buffer.handle = memories[buffer.device].model.allocate(buffer.size)
@@ -201,9 +202,12 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 memories[buffer.device].model.free(buffer.handle)
             buffer.end = step
 
+    nodes, short_devices = graph.nodes, {}
     for step, name in enumerate(order):
-        node = graph.node(name)
-        device = _short_device(node.device)
+        node = nodes[name]
+        device = short_devices.get(node.device)
+        if device is None:
+            device = short_devices[node.device] = _short_device(node.device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
         memory = memories[device]

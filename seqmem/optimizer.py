@@ -79,6 +79,7 @@ def optimize(
     min_swap_bytes: int = 64 << 10,
     safety_margin: float = 0.2,
     calibrate: bool = True,
+    sample_inputs: Any = None,
 ) -> OptimizedStep:
     """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
 
@@ -88,13 +89,18 @@ def optimize(
     for functions (unchanged when the step already fits), with `.graph_def` and
     `.plan`.
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
-    the predictor's error (within about 15%, see README).
+    the predictor's error (within about 15%, see README). When no plan reaches
+    that but calibration can run, the plan aims at the budget itself and the
+    measurement decides.
     calibrate: on a measuring device (emulated or GPU), run the optimized step
-    four times on synthetic inputs (variables restored afterwards); if its highest
+    four times on `sample_inputs` (variables restored afterwards); if its highest
     peak exceeds the budget, plan again for less, up to 3 times. The measured
     peak is recorded in the plan. Peaks vary from step to step (TensorFlow's
     executor runs independent ops concurrently), so a later step can still
     exceed what calibration saw; the margin is there for that.
+    sample_inputs: the step's arguments to calibrate with (default: synthetic,
+    see `seqmem.execution.inputs_like`); pass real ones when the step checks
+    its inputs' values.
     Raises ValueError for a budget that is not a positive finite number or a
     margin outside [0, 1), TypeError for another target, InfeasibleBudgetError
     when no swap set fits.
@@ -124,9 +130,18 @@ def optimize(
         plan = dataclasses.replace(plan, budget_bytes=budget_bytes)
         return OptimizedStep(plan, capture.to_graph_def(rewrite(analysis.graph, plan, backend)), function, original)
 
-    step = build(planned_bytes)
-    for _ in range(_CALIBRATION_ROUNDS if calibrate and measuring else 0):
-        measured = _measured_peak(step, function)
+    calibrating = calibrate and measuring
+    try:
+        step = build(planned_bytes)
+    except InfeasibleBudgetError:
+        if not calibrating or planned_bytes == budget_bytes:
+            raise
+        # The margin is room for the predictor's error, and the device can settle what the
+        # prediction cannot: plan for the budget itself and let calibration measure it.
+        planned_bytes = budget_bytes
+        step = build(planned_bytes)
+    for _ in range(_CALIBRATION_ROUNDS if calibrating else 0):
+        measured = _measured_peak(step, function, sample_inputs)
         if measured is not None and measured <= budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
             break
@@ -136,17 +151,25 @@ def optimize(
         try:
             step = build(planned_bytes)
         except InfeasibleBudgetError as error:
+            smallest = error.smallest_peak_bytes
+            if smallest is not None and smallest < step.plan.predicted_peak_after_bytes:
+                planned_bytes = smallest  # the most-swapping plan: its measurement decides
+                step = build(planned_bytes)
+                continue
             seen = "ran out of memory" if measured is None else f"peaked at {measured / _MB:.1f} MB"
             raise InfeasibleBudgetError(
                 f"the optimized step {seen} on the device, over the {budget_bytes / _MB:.1f} MB budget, and "
-                f"planning for less does not fit: {error}"
+                f"planning for less does not fit: {error}",
+                smallest_peak_bytes=smallest,
             ) from None
     return step
 
 
-def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, calls: int = 4) -> int | None:
-    """Highest peak device bytes of `calls` calls of `step` on synthetic inputs, or None if one ran out of memory."""
-    args = inputs_like(function.structured_input_signature[0])
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None,
+                   calls: int = 4) -> int | None:
+    """Highest peak device bytes of `calls` calls of `step` on `sample_inputs` (default: synthetic),
+    or None if one ran out of memory."""
+    args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
     try:
         return max(step_peaks(step, args, function.graph.variables, calls))
     except tf.errors.ResourceExhaustedError:

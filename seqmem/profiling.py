@@ -7,8 +7,6 @@ captured, so profiling does not train the model.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +21,7 @@ from seqmem.errors import UnknownShapeError
 from seqmem.execution import inputs_like, step_peaks, variables_restored
 from seqmem.graph import Graph, TensorRef
 from seqmem.memory import MemoryTrace, simulate
+from seqmem.reporting import save_figure
 
 __all__ = ["FeatureMap", "MeasuredPeak", "Profile", "measure_step_peak", "profile"]
 
@@ -126,17 +125,7 @@ class Profile:
         axes.set_title(title or "memory over one training step")
         axes.legend(loc="upper left", fontsize=8)
         figure.tight_layout()
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        handle, partial = tempfile.mkstemp(suffix=".png", dir=directory)
-        os.close(handle)
-        try:
-            figure.savefig(partial, dpi=120)
-            os.replace(partial, path)
-        finally:
-            plt.close(figure)
-            if os.path.exists(partial):
-                os.remove(partial)
+        save_figure(figure, path)
         return path
 
 

@@ -63,9 +63,8 @@ def _measure_in_child(graph: Graph, names: list[str] | None) -> dict[str, int]:
 def _measure_here(graph: Graph, names: list[str] | None) -> dict[str, int]:
     graph_def = capture.to_graph_def(graph)
     node_defs = {n.name: n for n in graph_def.node}
-    by_signature: dict[bytes, int] = {}
-    result = {}
-    _warm_arena()
+    probes: dict[bytes, tuple[Node, graph_pb2.GraphDef]] = {}
+    signature_of: dict[str, bytes] = {}
     for name in names if names is not None else graph.nodes:
         node = graph.node(name)
         if not _worth_probing(graph, node):
@@ -74,11 +73,11 @@ def _measure_here(graph: Graph, names: list[str] | None) -> dict[str, int]:
         if probe is None:
             continue
         signature = probe.SerializeToString(deterministic=True)
-        if signature not in by_signature:
-            by_signature[signature] = _run_probe(graph, node, probe)
-        if by_signature[signature] > 0:
-            result[name] = by_signature[signature]
-    return result
+        probes.setdefault(signature, (node, probe))
+        signature_of[name] = signature
+    _warm_arena()
+    scratch = _run_probes(graph, list(probes.items()))
+    return {name: scratch[signature] for name, signature in signature_of.items() if scratch.get(signature, 0) > 0}
 
 
 def _worth_probing(graph: Graph, node: Node) -> bool:
@@ -145,35 +144,57 @@ def _zeros(probe: graph_pb2.GraphDef, fill, name: str, info) -> None:
     fill.attr["index_type"].type = tf.int32.as_datatype_enum
 
 
-def _run_probe(graph: Graph, node: Node, probe: graph_pb2.GraphDef) -> int:
+def _run_probes(graph: Graph, probes: list[tuple[bytes, tuple[Node, graph_pb2.GraphDef]]]) -> dict[bytes, int]:
+    """Scratch bytes of each probe, keyed by its signature; all probes in one graph and one
+    session (creating a session per probe cost most of the time), each run on its own."""
     tf_graph = tf.Graph()
-    try:
-        with tf_graph.as_default():
-            tf.graph_util.import_graph_def(probe, name="")
-        op = tf_graph.get_operation_by_name("probe")
-        input_bytes = sum(graph.tensor(ref).size_bytes for ref, t in zip(node.inputs, op.inputs) if t.op.type == "Fill")
-        output_bytes = sum(info.size_bytes or 0 for info in node.outputs)
-        config = tf.compat.v1.ConfigProto(graph_options=tf.compat.v1.GraphOptions(
-            # no constant folding: the probe's inputs are constants, the op must still run
-            optimizer_options=tf.compat.v1.OptimizerOptions(opt_level=tf.compat.v1.OptimizerOptions.L0),
-            rewrite_options=rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)))
-        with tf.compat.v1.Session(graph=tf_graph, config=config) as session:
-            session.run(op.outputs)  # first run: kernel creation, lazy allocations
-            device.reset_peak()
-            before = device.memory_stats().current_bytes
-            session.run(op.outputs)
-            peak = device.memory_stats().peak_bytes
-    except (tf.errors.OpError, ValueError, TypeError) as error:
-        _log.debug("could not probe %s (%s): %s", node.name, node.op, error)
-        return 0
-    return max(0, peak - before - input_bytes - output_bytes)
+    fetches = {}
+    with tf_graph.as_default():
+        for number, (signature, (node, probe)) in enumerate(probes):
+            scope = f"probe_{number}"
+            try:
+                tf.graph_util.import_graph_def(probe, name=scope)
+            except (ValueError, TypeError) as error:
+                _log.debug("could not import the probe of %s (%s): %s", node.name, node.op, error)
+                continue
+            op = tf_graph.get_operation_by_name(f"{scope}/probe")
+            input_bytes = sum(graph.tensor(ref).size_bytes for ref, t in zip(node.inputs, op.inputs)
+                              if t.op.type == "Fill")
+            fetches[signature] = (node, op, input_bytes + sum(info.size_bytes or 0 for info in node.outputs))
+    config = tf.compat.v1.ConfigProto(graph_options=tf.compat.v1.GraphOptions(
+        # no constant folding: the probe's inputs are constants, the op must still run
+        optimizer_options=tf.compat.v1.OptimizerOptions(opt_level=tf.compat.v1.OptimizerOptions.L0),
+        rewrite_options=rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)))
+    result = {}
+    with tf.compat.v1.Session(graph=tf_graph, config=config) as session:
+        for signature, (node, op, in_out_bytes) in fetches.items():
+            try:
+                session.run(op.outputs)  # first run: kernel creation, lazy allocations
+                device.reset_peak()
+                before = device.memory_stats().current_bytes
+                session.run(op.outputs)
+                peak = device.memory_stats().peak_bytes
+            except tf.errors.OpError as error:
+                _log.debug("could not probe %s (%s): %s", node.name, node.op, error)
+                continue
+            result[signature] = max(0, peak - before - in_out_bytes)
+    return result
 
 
 def _warm_arena() -> None:
-    """Give the arena one large free region so probes do not see region growth."""
-    try:
-        block = tf.zeros([_WARM_ARENA_BYTES // 4])
-        block.numpy()
-        del block
-    except tf.errors.ResourceExhaustedError:
-        _log.debug("arena too small to pre-warm; scratch measurements may include region growth")
+    """Give the arena one large free region (256 MiB, or the largest power of two up to half
+    the arena) so probes do not see region growth or chunks handed out whole. A failed
+    allocation costs seconds (the allocator waits and retries), so sizes start within the arena."""
+    size = _WARM_ARENA_BYTES
+    budget_mb = device.emulated_budget_mb()
+    while budget_mb is not None and size > (budget_mb << 19):
+        size //= 2
+    while size >= 1 << 20:
+        try:
+            block = tf.zeros([size // 4])
+            block.numpy()
+            del block
+            return
+        except tf.errors.ResourceExhaustedError:
+            size //= 2
+    _log.debug("arena too small to pre-warm; scratch measurements may include region growth")

@@ -1,8 +1,9 @@
-"""Attention NMT as in the TensorFlow NMT tutorial: embeddings, an LSTM encoder, an
-LSTM decoder wrapped in `tfa.seq2seq.AttentionWrapper` with additive attention
-(tfa's `BahdanauAttention` or seqmem's `MemoryEfficientBahdanauAttention`),
-`BasicDecoder` + `TrainingSampler` for teacher-forced training, and a masked
-cross-entropy loss.
+"""Attention NMT as in the TensorFlow NMT tutorial: embeddings, an LSTM encoder of
+`layers` layers (the first bidirectional if asked), an LSTM decoder of `layers`
+layers wrapped in `tfa.seq2seq.AttentionWrapper` with additive attention (tfa's
+`BahdanauAttention` or seqmem's `MemoryEfficientBahdanauAttention`),
+`BasicDecoder` + `TrainingSampler` for teacher-forced training, greedy and
+beam-search decoding for inference, and a masked cross-entropy loss.
 """
 
 from __future__ import annotations
@@ -28,43 +29,99 @@ class NMTConfig:
     units: int = 256
     attention: str = "tfa"
     normalize: bool = False
+    layers: int = 1
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}")
-        for name in ("source_vocab", "target_vocab", "units"):
+        for name in ("source_vocab", "target_vocab", "units", "layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.bidirectional and self.units % 2:
+            raise ValueError(f"a bidirectional encoder splits units between directions: units must be even, got {self.units}")
 
 
 class NMTModel(tf.keras.Model):
-    """call(source, source_length, target_in) -> (logits [B, T_tgt, V], final alignments [B, T_src])."""
+    """call(source, source_length, target_in) -> (logits [B, T_tgt, V], final alignments [B, T_src]);
+    translate(source, source_length, bos_id, eos_id, max_length, beam_width) -> token ids [B, <= max_length]."""
 
     def __init__(self, config: NMTConfig) -> None:
         super().__init__()
         self.config = config
-        self.source_embedding = tf.keras.layers.Embedding(config.source_vocab, config.units)
-        self.target_embedding = tf.keras.layers.Embedding(config.target_vocab, config.units)
-        self.encoder = tf.keras.layers.LSTM(config.units, return_sequences=True, return_state=True)
-        self.attention = ATTENTIONS[config.attention](config.units, normalize=config.normalize)
+        units = config.units
+        self.source_embedding = tf.keras.layers.Embedding(config.source_vocab, units)
+        self.target_embedding = tf.keras.layers.Embedding(config.target_vocab, units)
+        self.encoders = []
+        for layer in range(config.layers):
+            if layer == 0 and config.bidirectional:
+                self.encoders.append(tf.keras.layers.Bidirectional(
+                    tf.keras.layers.LSTM(units // 2, return_sequences=True, return_state=True)))
+            else:
+                self.encoders.append(tf.keras.layers.LSTM(units, return_sequences=True, return_state=True))
+        self.attention = ATTENTIONS[config.attention](units, normalize=config.normalize)
+        cells = [tf.keras.layers.LSTMCell(units) for _ in range(config.layers)]
         self.cell = tfa.seq2seq.AttentionWrapper(
-            tf.keras.layers.LSTMCell(config.units), self.attention, attention_layer_size=config.units
+            cells[0] if config.layers == 1 else tf.keras.layers.StackedRNNCells(cells), self.attention,
+            attention_layer_size=units,
         )
-        self.decoder = tfa.seq2seq.BasicDecoder(
-            self.cell, tfa.seq2seq.TrainingSampler(), output_layer=tf.keras.layers.Dense(config.target_vocab)
-        )
+        self.projection = tf.keras.layers.Dense(config.target_vocab)
+
+    def _encode(self, source, source_length):
+        """Encoder outputs [B, T, units] and each layer's final [h, c]."""
+        mask = tf.sequence_mask(source_length, tf.shape(source)[1])
+        outputs, states = self.source_embedding(source), []
+        for encoder in self.encoders:
+            outputs, *state = encoder(outputs, mask=mask)
+            if len(state) == 4:  # bidirectional: forward h, c, backward h, c
+                state = [tf.concat([state[0], state[2]], -1), tf.concat([state[1], state[3]], -1)]
+            states.append(state)
+        return outputs, states
+
+    def _initial_state(self, states, batch, dtype):
+        cell_state = states[0] if self.config.layers == 1 else tuple(states)
+        return self.cell.get_initial_state(batch_size=batch, dtype=dtype).clone(cell_state=cell_state)
 
     def call(self, source, source_length, target_in):
-        source_mask = tf.sequence_mask(source_length, tf.shape(source)[1])
-        memory, h, c = self.encoder(self.source_embedding(source), mask=source_mask)
+        memory, states = self._encode(source, source_length)
         self.attention.setup_memory(memory, memory_sequence_length=source_length)
         batch = tf.shape(source)[0]
-        initial = self.cell.get_initial_state(batch_size=batch, dtype=memory.dtype).clone(cell_state=[h, c])
-        target_length = tf.fill([batch], tf.shape(target_in)[1])
-        outputs, state, _ = self.decoder(
-            self.target_embedding(target_in), initial_state=initial, sequence_length=target_length
+        steps = tf.shape(target_in)[1]
+        # maximum_iterations bounds the decoder loop by the target length, so the loop's saved
+        # activations have a known size (seqmem's analysis reads it from the loop condition)
+        decoder = tfa.seq2seq.BasicDecoder(self.cell, tfa.seq2seq.TrainingSampler(), output_layer=self.projection,
+                                           maximum_iterations=steps)
+        outputs, state, _ = decoder(
+            self.target_embedding(target_in), initial_state=self._initial_state(states, batch, memory.dtype),
+            sequence_length=tf.fill([batch], steps),
         )
         return outputs.rnn_output, state.alignments
+
+    def translate(self, source, source_length, bos_id: int, eos_id: int, max_length: int, beam_width: int = 1):
+        """Greedy (beam_width 1) or beam-search translations: token ids [B, T <= max_length], the best beam's."""
+        if beam_width < 1 or max_length < 1:
+            raise ValueError(f"beam_width and max_length must be positive, got {beam_width} and {max_length}")
+        memory, states = self._encode(source, source_length)
+        batch = tf.shape(source)[0]
+        start_tokens = tf.fill([batch], bos_id)
+        if beam_width == 1:
+            self.attention.setup_memory(memory, memory_sequence_length=source_length)
+            decoder = tfa.seq2seq.BasicDecoder(
+                self.cell, tfa.seq2seq.GreedyEmbeddingSampler(self.target_embedding), output_layer=self.projection,
+                maximum_iterations=max_length,
+            )
+            outputs, _, _ = decoder(None, start_tokens=start_tokens, end_token=eos_id,
+                                    initial_state=self._initial_state(states, batch, memory.dtype))
+            return outputs.sample_id
+        tile = lambda t: tfa.seq2seq.tile_batch(t, beam_width)  # noqa: E731
+        self.attention.setup_memory(tile(memory), memory_sequence_length=tile(source_length))
+        decoder = tfa.seq2seq.BeamSearchDecoder(
+            self.cell, beam_width, output_layer=self.projection, embedding_fn=self.target_embedding,
+            maximum_iterations=max_length,
+        )
+        initial = self._initial_state(tf.nest.map_structure(tile, states), batch * beam_width, memory.dtype)
+        outputs, _, _ = decoder(None, start_tokens=start_tokens, end_token=eos_id, initial_state=initial)
+        return outputs.predicted_ids[:, :, 0]
 
 
 def masked_cross_entropy(target_out, logits, target_length):

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorflow as tf
 
-    from models.resnet.model import preact_resnet
+    from models.resnet.model import resnet
     from seqmem.analysis import analyze
     from seqmem.budget import plan_swaps
     from seqmem.memory import simulate
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from seqmem.swap.rewrite import rewrite
 
     started = time.perf_counter()
-    model = preact_resnet(args.depth)
+    model = resnet(args.depth, image_size=32, classes=10)
     optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
 
     @tf.function

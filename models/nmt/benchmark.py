@@ -1,0 +1,232 @@
+"""NMT batch size under a memory budget: the paper's Table 1(a) NMT row and Table 2(b), measured.
+
+For an attention NMT training step (LSTM encoder and decoder, units 256, source
+and target of T tokens) at each T, on the emulated device (every probe a fresh
+process, real OOM), the largest batch that trains two full steps under
+--budget-mb for four variants:
+
+    base        tfa's BahdanauAttention, no seqmem        (B_base)
+    swap        tfa's attention, seqmem.optimize swapping
+    efficient   seqmem's MemoryEfficientBahdanauAttention
+    both        efficient attention and swapping
+
+and, at B_base for every variant (in an arena of twice the budget, so a step over
+the budget is still measured): the measured peak beside seqmem's predicted one,
+and training throughput in target tokens per second.
+
+    python -m models.nmt.benchmark              # T = 50, 100, 200, 400; 1024 MB
+    python -m models.nmt.benchmark --quick      # T = 30, a small model, batches within 50%: a few minutes
+
+Writes nmt-benchmark.json and nmt-batch.png (batch vs T per variant) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from seqmem.batch_search import largest_batch
+from seqmem.device import run_with_budget
+from seqmem.reporting import ratio, save_figure, write_json
+
+VARIANTS = {"base": ("tfa", False), "swap": ("tfa", True), "efficient": ("efficient", False), "both": ("efficient", True)}
+_MB = 1 << 20
+
+
+def training_step(variant: str, batch: int, time_steps: int, units: int, vocab: int):
+    """(training step, inputs, input specs) of the NMT model for `variant`'s attention."""
+    import tensorflow as tf
+
+    from models.nmt.model import NMTConfig, NMTModel, make_train_step
+
+    tf.keras.utils.set_random_seed(0)
+    attention, _ = VARIANTS[variant]
+    model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention))
+    rng = np.random.default_rng(0)
+    tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)), tf.int32)  # noqa: E731
+    lengths = tf.fill([batch], time_steps)
+    inputs = (tokens(), lengths, tokens(), tokens(), lengths)
+    return make_train_step(model), inputs, [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
+
+
+def _runnable(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int):
+    """(callable step, inputs, predicted peak bytes, swaps); swapping variants are optimized for `budget_mb`."""
+    step, inputs, specs = training_step(variant, batch, time_steps, units, vocab)
+    if VARIANTS[variant][1]:
+        from seqmem.optimizer import optimize
+
+        optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
+        return optimized, inputs, optimized.plan.predicted_peak_after_bytes, len(optimized.plan.decisions)
+    from seqmem.analysis import analyze
+    from seqmem.memory import simulate
+
+    analysis = analyze(step.get_concrete_function(*specs), measure_scratch=True)
+    predicted = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
+    return step, inputs, predicted.peak_bytes, 0
+
+
+def predicted_base_batch(time_steps: int, units: int, vocab: int, budget_mb: int) -> int:
+    """Child process: the batch at which seqmem predicts the base step's peak reaches the budget
+    (peaks at batch 1 and 2, extrapolated linearly): where the search for B_base starts."""
+    from seqmem.analysis import analyze
+    from seqmem.memory import simulate
+
+    peaks = []
+    for batch in (1, 2):
+        step, _, specs = training_step("base", batch, time_steps, units, vocab)
+        analysis = analyze(step.get_concrete_function(*specs))
+        peaks.append(simulate(analysis.graph, analysis.order, allocator="bfc").peak_bytes)
+    return max(1, int(1 + (budget_mb * _MB - peaks[0]) // max(peaks[1] - peaks[0], 1)))
+
+
+def trains(batch: int, variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> bool:
+    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
+    from seqmem.budget import InfeasibleBudgetError
+
+    try:
+        step, inputs, _, _ = _runnable(variant, batch, time_steps, units, vocab, budget_mb)
+    except InfeasibleBudgetError:
+        return False
+    return all(np.isfinite(float(step(*inputs))) for _ in range(2))
+
+
+def measure(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int,
+            steps: int = 3) -> dict[str, Any]:
+    """Child process: highest measured peak and median step time of `steps` steps after a warm-up,
+    the predicted peak, swaps, target tokens per second."""
+    from seqmem.execution import timed_steps
+
+    step, inputs, predicted, swaps = _runnable(variant, batch, time_steps, units, vocab, budget_mb)
+    peaks, seconds = timed_steps(step, inputs, steps)
+    median_s = sorted(seconds)[len(seconds) // 2]
+    return {"peak_bytes": max(peaks), "predicted_peak_bytes": predicted, "swaps": swaps, "median_step_s": median_s,
+            "tokens_per_s": batch * time_steps / median_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="T = 30 only, units 64, vocabulary 200, 128 MB, batches within 50%%")
+    parser.add_argument("--time-steps", default="50,100,200,400", help="comma-separated sequence lengths")
+    parser.add_argument("--budget-mb", type=int, default=1024)
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--max-batch", type=int, default=2048)
+    parser.add_argument("--precision", type=float, default=0.05,
+                        help="stop the batch search once the answer is known within this fraction (0: exact)")
+    parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
+    parser.add_argument("--jobs", type=int, default=2, help="probe processes run side by side in batch searches")
+    parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.time_steps, args.units, args.vocab, args.budget_mb, args.max_batch = "30", 64, 200, 128, 512
+        args.precision, args.timeout_s = max(args.precision, 0.5), min(args.timeout_s, 300)
+    try:
+        time_steps = [int(t) for t in args.time_steps.split(",")]
+    except ValueError:
+        parser.error(f"--time-steps must be comma-separated integers, got {args.time_steps!r}")
+    if min([args.budget_mb, args.units, args.vocab, args.max_batch, args.timeout_s, args.jobs] + time_steps) < 1:
+        parser.error("time steps, budget, units, vocabulary, batch limit, timeout and jobs must be positive")
+    if not 0 <= args.precision < 1:
+        parser.error(f"--precision must be in [0, 1), got {args.precision}")
+    # Children unpickle functions by module name: use the importable name, not __main__.
+    from models.nmt import benchmark as bench
+
+    os.makedirs(args.out, exist_ok=True)
+    report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "rows": []}
+    model = (args.units, args.vocab)
+    with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
+        for steps in time_steps:
+            row: dict[str, Any] = {"time_steps": steps, "batch": {}, "notes": {}, "at_base": {}}
+            guess = run_with_budget(bench.predicted_base_batch, steps, *model, args.budget_mb,
+                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s)
+            progress.update(1)
+
+            def search(variant, start):
+                return largest_batch(bench.trains, variant, steps, *model, args.budget_mb, budget_mb=args.budget_mb,
+                                     limit=args.max_batch, start=min(max(start, 1), args.max_batch),
+                                     precision=args.precision, timeout_s=args.timeout_s,
+                                     on_probe=lambda batch, verdict: progress.update(1))
+
+            found = {"base": search("base", guess.value if guess.ok else 1)}
+            base = found["base"].batch
+            # the other variants start from B_base and are independent: probe them side by side
+            with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                found.update(zip(("swap", "efficient", "both"),
+                                 pool.map(lambda variant: search(variant, base), ("swap", "efficient", "both"))))
+            for variant in VARIANTS:
+                row["batch"][variant], row["notes"][variant] = found[variant].batch, found[variant].notes
+            for variant in VARIANTS if base else ():
+                run = run_with_budget(bench.measure, variant, base, steps, *model, args.budget_mb,
+                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s)
+                progress.update(1)
+                row["at_base"][variant] = run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
+            report["rows"].append(row)
+
+    print(format_report(report))
+    chart = _plot(report, os.path.join(args.out, "nmt-batch.png"))
+    path = write_json(report, os.path.join(args.out, "nmt-benchmark.json"))
+    print(f"wrote {path} and {chart}")
+    return 0
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The benchmark's tables in Markdown, from its JSON report."""
+    args = report["args"]
+    lines = [f"Largest batch that trains two steps (real OOM), emulated device {args['budget_mb']} MB, "
+             f"units {args['units']}, vocabulary {args['vocab']}; ratio to B_base in parentheses",
+             "| T | B_base (tfa) | swap | efficient attention | both |", "|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        batch = row["batch"]
+        cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" for v in ("swap", "efficient", "both")]
+        lines.append(f"| {row['time_steps']} | " + " | ".join(cells) + " |")
+    lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, swaps, "
+                  "target tokens/s (vs base)",
+              "| T | batch | base | swap | efficient | both |", "|---:|---:|---|---|---|---|"]
+    for row in report["rows"]:
+        measured = row["at_base"]
+        if not measured:
+            continue
+        reference = measured["base"].get("tokens_per_s")
+        cells = []
+        for variant in VARIANTS:
+            cell = measured[variant]
+            if "error" in cell:
+                cells.append(cell["error"])
+            else:
+                cells.append(f"{cell['peak_bytes'] / _MB:.0f} ({cell['predicted_peak_bytes'] / _MB:.0f}), "
+                             f"{cell['swaps']} swaps, {cell['tokens_per_s']:.0f} tok/s "
+                             f"({ratio(cell['tokens_per_s'], reference)})")
+        lines.append(f"| {row['time_steps']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
+    for row in report["rows"]:
+        for variant, notes in row["notes"].items():
+            lines += [f"note (T={row['time_steps']}, {variant}): {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def _plot(report: dict[str, Any], path: str) -> str:
+    """PNG of the largest batch vs T for each variant (log scale); appears whole or not at all."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    steps = [row["time_steps"] for row in report["rows"]]
+    for variant in VARIANTS:
+        axes.plot(steps, [max(row["batch"][variant], 0.5) for row in report["rows"]], marker="o", label=variant)
+    axes.set_yscale("log")
+    axes.set_xlabel("time steps T (source and target)")
+    axes.set_ylabel("largest batch that trains")
+    axes.set_title(f"NMT under {report['args']['budget_mb']} MB (emulated device, measured)")
+    axes.legend()
+    figure.tight_layout()
+    return save_figure(figure, path)
+if __name__ == "__main__":
+    sys.exit(main())

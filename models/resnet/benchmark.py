@@ -1,0 +1,335 @@
+"""ResNet batch size and depth under a memory budget: the paper's Table 1, measured.
+
+On the emulated device (every probe a fresh process, real OOM), for a ResNet
+training step (SGD with momentum, synthetic images):
+
+- Table 1(a): the largest batch that trains two full steps under --budget-mb for
+  the baseline, seqmem.optimize, and tf.recompute_grad around every residual
+  block (the peer); B_limit, the largest batch at which the most memory-hungry
+  op alone (inputs, outputs, scratch, plus persistent memory) fits; measured and
+  predicted peaks and throughput at B_base, and seqmem's throughput at B_opt.
+- Table 1(b): measured peak at --depth-batch for deeper networks, without and
+  with seqmem, under --depth-budget-mb (OOM where the step does not fit).
+- A PNG of predicted memory over one step at B_base, baseline and seqmem
+  (the paper's Figure 1 before and after), with the measured peaks.
+
+    python -m models.resnet.benchmark                 # ResNet-50 at 64x64, 1024 MB; depths 101/200/1001/2000
+    python -m models.resnet.benchmark --quick         # ResNet-20 at 32x32, 256 MB: a few minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tqdm import tqdm
+
+from seqmem.batch_search import largest_batch
+from seqmem.device import run_with_budget
+from seqmem.reporting import ratio, save_figure, write_json
+
+VARIANTS = ("baseline", "seqmem", "recompute")
+_MB = 1 << 20
+
+
+def _training_step(variant: str, depth: int, batch: int, image_size: int, classes: int):
+    """(step, inputs, input specs) of one ResNet training step; seqmem's step is optimized later."""
+    import tensorflow as tf
+
+    from models.resnet.data import synthetic_batch
+    from models.resnet.model import resnet
+
+    tf.keras.utils.set_random_seed(0)
+    model = resnet(depth, image_size, classes, recompute=variant == "recompute")
+    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    specs = (tf.TensorSpec([batch, image_size, image_size, 3]), tf.TensorSpec([batch], tf.int32))
+
+    @tf.function(input_signature=specs)
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step, synthetic_batch(batch, image_size, classes), specs
+
+
+def _runnable(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int):
+    """(callable step, inputs, predicted peak bytes, plan or None); seqmem plans for `budget_mb`."""
+    step, inputs, specs = _training_step(variant, depth, batch, image_size, classes)
+    if variant == "seqmem":
+        from seqmem.optimizer import optimize
+
+        optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
+        return optimized, inputs, optimized.plan.predicted_peak_after_bytes, optimized.plan
+    return step, inputs, _predicted_peak_bytes(step, specs), None
+
+
+def _predicted_peak_bytes(step, specs) -> int:
+    """seqmem's prediction for the unoptimized step, with scratch memory measured as `optimize` measures it."""
+    from seqmem.analysis import analyze
+    from seqmem.memory import simulate
+
+    analysis = analyze(step.get_concrete_function(*specs), measure_scratch=True)
+    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes).peak_bytes
+
+
+def trains(batch: int, variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> bool:
+    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
+    import math
+
+    from seqmem.budget import InfeasibleBudgetError
+
+    step, inputs, specs = _training_step(variant, depth, batch, image_size, classes)
+    if variant == "seqmem":
+        from seqmem.optimizer import optimize
+
+        try:
+            step = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
+        except InfeasibleBudgetError:
+            return False
+    return all(math.isfinite(float(step(*inputs))) for _ in range(2))
+
+
+def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int,
+            steps: int = 3) -> dict[str, Any]:
+    """Child process: measured peaks and seconds of `steps` steps after a warm-up, the predicted peak, swaps."""
+    from seqmem.execution import timed_steps
+
+    step, inputs, predicted, plan = _runnable(variant, depth, batch, image_size, classes, budget_mb)
+    peaks, seconds = timed_steps(step, inputs, steps)
+    return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
+            "predicted_peak_bytes": predicted, "swaps": len(plan.decisions) if plan else 0,
+            "images_per_s": batch / sorted(seconds)[len(seconds) // 2]}
+
+
+def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
+    """Child process: B_limit, the largest batch whose most memory-hungry op fits beside persistent
+    memory, and the batch at which seqmem predicts the baseline's peak reaches the budget.
+
+    An op's footprint is its distinct inputs and outputs (affine in the batch: read from the
+    graph at batch 1 and 2) plus its scratch bytes, measured at batch 2 and held constant (this
+    CPU's convolution kernels use about the same scratch at batch 8 and 90). Persistent memory
+    (weights, optimizer slots) is counted once. Graph bounds and predictions, not measurements.
+    """
+    from seqmem.analysis import analyze
+    from seqmem.graph import TensorRef
+    from seqmem.memory import simulate
+
+    tensor_bytes, peaks = [], []
+    for batch in (1, 2):
+        step, _, specs = _training_step("baseline", depth, batch, image_size, classes)
+        analysis = analyze(step.get_concrete_function(*specs), measure_scratch=batch == 2)
+        graph = analysis.graph
+        tensor_bytes.append({
+            name: sum(graph.tensor(ref).size_bytes or 0
+                      for ref in set(node.inputs) | {TensorRef(name, i) for i in range(len(node.outputs))})
+            for name, node in graph.nodes.items()
+        })
+        trace = simulate(graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
+        peaks.append(trace.peak_bytes)
+    scratch, persistent = analysis.scratch_bytes, trace.busiest().persistent_bytes
+    budget = budget_mb * _MB - persistent
+    limit, limiting = None, None
+    for name, at_two in tensor_bytes[1].items():
+        per_image = at_two - tensor_bytes[0].get(name, at_two)
+        if per_image > 0:
+            fits = (budget - scratch.get(name, 0) - (at_two - 2 * per_image)) // per_image
+            if limit is None or fits < limit:
+                limit, limiting = fits, name
+    growth = max(peaks[1] - peaks[0], 1)
+    return {"batch": max(int(limit or 0), 0), "op": limiting, "persistent_bytes": persistent,
+            "predicted_base_batch": max(1, int(1 + (budget_mb * _MB - peaks[0]) // growth))}
+
+
+def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str) -> str:
+    """Child process: PNG of predicted memory over one step, baseline and seqmem's plan at the same batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from seqmem.analysis import analyze
+    from seqmem.budget import plan_swaps, swap_events
+    from seqmem.memory import simulate
+
+    step, _, specs = _training_step("baseline", depth, batch, image_size, classes)
+    analysis = analyze(step.get_concrete_function(*specs))
+    args = (analysis.graph, analysis.order)
+    baseline = simulate(*args, scratch_bytes=analysis.scratch_bytes, allocator="bfc")
+    plan = plan_swaps(*args[:1], analysis.anatomy, analysis.timing, analysis.order, budget_mb * _MB,
+                      scratch_bytes=analysis.scratch_bytes)
+    optimized = simulate(*args, swap_events(plan, *args, analysis.anatomy), scratch_bytes=analysis.scratch_bytes,
+                         allocator="bfc")
+    times_ms = [1e3 * analysis.timing.start_s[name] for name in analysis.order]
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for trace, label, color in ((baseline, "baseline", "tab:red"), (optimized, f"seqmem ({len(plan.decisions)} swaps)", "tab:blue")):
+        device = trace.busiest()
+        axes.step(times_ms, [(device.persistent_bytes + live) / _MB for live in device.live_bytes], where="post",
+                  color=color, label=f"{label}: predicted peak {trace.peak_bytes / _MB:.0f} MB")
+    axes.axhline(budget_mb, color="0.4", linestyle="--", label=f"budget {budget_mb} MB")
+    axes.set_xlabel("estimated time in step (ms)")
+    axes.set_ylabel("device memory (MB)")
+    axes.set_title(f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="ResNet-20 at 32x32, 10 classes, 256 MB, batches within 25%%; ResNet-47 at batch 48: a few minutes")
+    parser.add_argument("--depth", type=int, default=50, help="network of Table 1(a) (50, 101, 152, 200 or 9n+2)")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--budget-mb", type=int, default=1024)
+    parser.add_argument("--max-batch", type=int, default=2048)
+    parser.add_argument("--precision", type=float, default=0.03,
+                        help="stop the batch search once the answer is known within this fraction (0: exact)")
+    parser.add_argument("--depths", default="101,200,1001,2000", help="networks of Table 1(b), comma-separated")
+    parser.add_argument("--depth-batch", type=int, default=8, help="batch of Table 1(b)")
+    parser.add_argument("--depth-image-size", type=int, default=32, help="image size of Table 1(b)")
+    parser.add_argument("--depth-budget-mb", type=int, default=1536, help="budget of Table 1(b)")
+    parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
+    parser.add_argument("--jobs", type=int, default=2, help="probe processes run side by side in batch searches")
+    parser.add_argument("--out", default="resnet-benchmark", help="folder for the JSON and the PNG")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.depth, args.image_size, args.classes, args.budget_mb, args.max_batch = 20, 32, 10, 256, 256
+        args.precision, args.timeout_s = max(args.precision, 0.25), min(args.timeout_s, 300)
+        args.depths, args.depth_batch, args.depth_budget_mb = "47", 48, 256
+    try:
+        depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    except ValueError:
+        parser.error(f"--depths must be comma-separated integers, got {args.depths!r}")
+    if min([args.image_size, args.classes, args.budget_mb, args.max_batch, args.depth_batch, args.depth_image_size,
+            args.depth_budget_mb, args.timeout_s, args.jobs] + depths) < 1:
+        parser.error("sizes, budgets, batches, depths and the timeout must be positive")
+    if not 0 <= args.precision < 1:
+        parser.error(f"--precision must be in [0, 1), got {args.precision}")
+    from models.resnet.model import IMAGENET_STAGES
+
+    for depth in [args.depth] + depths:
+        if depth not in IMAGENET_STAGES and (depth < 11 or (depth - 2) % 9):
+            parser.error(f"depth {depth} is neither one of {sorted(IMAGENET_STAGES)} nor 9n + 2 (e.g. 1001)")
+    # Children unpickle functions by module name: use the importable name, not __main__.
+    from models.resnet import benchmark as bench
+
+    os.makedirs(args.out, exist_ok=True)
+    network = (args.depth, args.image_size, args.classes)
+    report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
+    with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
+        def run(function, *call_args, budget_mb):
+            result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=args.timeout_s)
+            progress.update(1)
+            return result
+
+        def search(variant, start):
+            found = largest_batch(bench.trains, variant, *network, args.budget_mb, budget_mb=args.budget_mb,
+                                  limit=args.max_batch, start=start, precision=args.precision,
+                                  timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
+            return {"batch": found.batch, "notes": found.notes}
+
+        table_a = report["table_a"]
+        bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
+        table_a["limit"] = _value_or_verdict(bounds)
+        guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
+        table_a["baseline"] = search("baseline", min(guess, args.max_batch))
+        base = table_a["baseline"]["batch"]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
+            table_a.update(zip(("seqmem", "recompute"),
+                               pool.map(lambda variant: search(variant, max(base, 1)), ("seqmem", "recompute"))))
+        report["at_base"], report["at_opt"] = {}, {}
+        if base:
+            # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
+            # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
+            # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
+            for variant in VARIANTS:
+                measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
+                               args.budget_mb, budget_mb=2 * args.budget_mb)
+                report["at_base"][variant] = _value_or_verdict(measured)
+            opt = table_a["seqmem"]["batch"]
+            if opt:
+                measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
+                               args.budget_mb, budget_mb=args.budget_mb)
+                report["at_opt"]["seqmem"] = _value_or_verdict(measured)
+            curves = os.path.join(args.out, "resnet-memory.png")
+            drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
+                        curves, budget_mb=max(4 * args.budget_mb, 4096))
+            report["memory_png"] = curves if drawn.ok else drawn.verdict
+        for depth in depths:
+            row = {"depth": depth}
+            for variant in ("baseline", "seqmem"):
+                measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
+                               args.depth_budget_mb, budget_mb=args.depth_budget_mb)
+                row[variant] = _value_or_verdict(measured)
+            report["table_b"].append(row)
+
+    print(format_report(report))
+    path = write_json(report, os.path.join(args.out, "resnet-benchmark.json"))
+    print(f"wrote {path}" + (f" and {report['memory_png']}" if str(report.get("memory_png", "")).endswith(".png") else ""))
+    return 0
+
+
+def _value_or_verdict(run) -> dict[str, Any]:
+    return run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The benchmark's tables in Markdown, from its JSON report."""
+    args, table_a = report["args"], report["table_a"]
+    base, opt, rec = (table_a[v]["batch"] for v in ("baseline", "seqmem", "recompute"))
+    limit = table_a["limit"].get("batch", "-")
+    lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
+             f"emulated device {args['budget_mb']} MB (largest batch that trains two steps, real OOM)",
+             "| B_base | B_opt (seqmem) | B_opt / B_base | B_recompute | B_limit | B_opt / B_limit |",
+             "|---:|---:|---:|---:|---:|---:|",
+             f"| {base} | {opt} | {ratio(opt, base)} | {rec} | {limit} | {ratio(opt, limit)} |"]
+    if table_a["limit"].get("op"):
+        lines.append(f"B_limit is set by `{table_a['limit']['op']}` (graph bound, not measured)")
+    for variant in VARIANTS:
+        for note in table_a[variant]["notes"]:
+            lines.append(f"note ({variant}): {note}")
+    if report["at_base"]:
+        lines += ["", f"At B_base = {base}, in an arena of twice the budget (measured peak: max of 3 steps; "
+                      "throughput: median step); seqmem at B_opt under the budget:",
+                  "| variant | measured peak (MB) | predicted peak (MB) | swaps | images/s | vs baseline |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        reference = report["at_base"]["baseline"].get("images_per_s")
+        rows = [(v, report["at_base"][v]) for v in VARIANTS]
+        rows += [(f"seqmem at B_opt = {opt}", report["at_opt"]["seqmem"])] if report["at_opt"] else []
+        for name, row in rows:
+            lines.append(_measured_row(name, row, reference))
+    if report["table_b"]:
+        lines += ["", f"Table 1(b): measured peak at batch {args['depth_batch']}, {args['depth_image_size']}x"
+                      f"{args['depth_image_size']}, emulated device {args['depth_budget_mb']} MB "
+                      "(predicted in parentheses)",
+                  "| network | baseline (MB) | seqmem (MB) | swaps |", "|---|---:|---:|---:|"]
+        for row in report["table_b"]:
+            lines.append(f"| ResNet-{row['depth']} | {_peak(row['baseline'])} | {_peak(row['seqmem'])} "
+                         f"| {row['seqmem'].get('swaps', '-')} |")
+    return "\n".join(lines)
+
+
+def _measured_row(name: str, row: dict[str, Any], reference: float | None) -> str:
+    if "error" in row:
+        return f"| {name} | {row['error']} | - | - | - | - |"
+    speed = row["images_per_s"]
+    return (f"| {name} | {row['peak_bytes'] / _MB:.0f} | {row['predicted_peak_bytes'] / _MB:.0f} | {row['swaps']} "
+            f"| {speed:.1f} | {ratio(speed, reference)} |")
+
+
+def _peak(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return "OOM" if row["error"] == "oom" else row["error"]
+    return f"{row['peak_bytes'] / _MB:.0f} ({row['predicted_peak_bytes'] / _MB:.0f})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
