@@ -105,7 +105,8 @@ def test_quick_benchmark_end_to_end(tmp_path, capsys):
     assert table_a["limit"]["batch"] >= opt * 0.75  # the graph bound is an upper bound, up to the search's 25%
     for variant in benchmark.VARIANTS:
         measured = report["at_base"][variant]
-        assert measured["peak_bytes"] <= report["args"]["budget_mb"] << 20
+        # measured in an arena of twice the budget: B_base's later steps may exceed the budget
+        assert 0 < measured["peak_bytes"] <= 2 * report["args"]["budget_mb"] << 20
         assert measured["images_per_s"] > 0 and measured["predicted_peak_bytes"] > 0
     assert (tmp_path / "resnet-memory.png").stat().st_size > 10_000
     assert [row["depth"] for row in report["table_b"]] == [47]

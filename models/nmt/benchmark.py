@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
     if args.quick:
-        args.time_steps, args.units, args.vocab, args.budget_mb, args.max_batch = "30", 64, 200, 128, 512
+        args.time_steps, args.units, args.vocab, args.budget_mb = "30", 64, 200, 128
+        args.max_batch = min(args.max_batch, 512)
         args.precision, args.timeout_s = max(args.precision, 0.5), min(args.timeout_s, 300)
     try:
         time_steps = [int(t) for t in args.time_steps.split(",")]
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.update(1)
                 row["at_base"][variant] = run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
             report["rows"].append(row)
+            write_json(report, os.path.join(args.out, "nmt-benchmark.json"))  # each row as soon as it is measured
 
     print(format_report(report))
     chart = _plot(report, os.path.join(args.out, "nmt-batch.png"))

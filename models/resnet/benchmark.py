@@ -36,7 +36,7 @@ VARIANTS = ("baseline", "seqmem", "recompute")
 _MB = 1 << 20
 
 
-def _training_step(variant: str, depth: int, batch: int, image_size: int, classes: int):
+def training_step(variant: str, depth: int, batch: int, image_size: int, classes: int):
     """(step, inputs, input specs) of one ResNet training step; seqmem's step is optimized later."""
     import tensorflow as tf
 
@@ -61,7 +61,7 @@ def _training_step(variant: str, depth: int, batch: int, image_size: int, classe
 
 def _runnable(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int):
     """(callable step, inputs, predicted peak bytes, plan or None); seqmem plans for `budget_mb`."""
-    step, inputs, specs = _training_step(variant, depth, batch, image_size, classes)
+    step, inputs, specs = training_step(variant, depth, batch, image_size, classes)
     if variant == "seqmem":
         from seqmem.optimizer import optimize
 
@@ -85,7 +85,7 @@ def trains(batch: int, variant: str, depth: int, image_size: int, classes: int, 
 
     from seqmem.budget import InfeasibleBudgetError
 
-    step, inputs, specs = _training_step(variant, depth, batch, image_size, classes)
+    step, inputs, specs = training_step(variant, depth, batch, image_size, classes)
     if variant == "seqmem":
         from seqmem.optimizer import optimize
 
@@ -123,7 +123,7 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
 
     tensor_bytes, peaks = [], []
     for batch in (1, 2):
-        step, _, specs = _training_step("baseline", depth, batch, image_size, classes)
+        step, _, specs = training_step("baseline", depth, batch, image_size, classes)
         analysis = analyze(step.get_concrete_function(*specs), measure_scratch=batch == 2)
         graph = analysis.graph
         tensor_bytes.append({
@@ -158,7 +158,7 @@ def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_
     from seqmem.budget import plan_swaps, swap_events
     from seqmem.memory import simulate
 
-    step, _, specs = _training_step("baseline", depth, batch, image_size, classes)
+    step, _, specs = training_step("baseline", depth, batch, image_size, classes)
     analysis = analyze(step.get_concrete_function(*specs))
     args = (analysis.graph, analysis.order)
     baseline = simulate(*args, scratch_bytes=analysis.scratch_bytes, allocator="bfc")
@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="resnet-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
     if args.quick:
-        args.depth, args.image_size, args.classes, args.budget_mb, args.max_batch = 20, 32, 10, 256, 256
+        args.depth, args.image_size, args.classes, args.budget_mb = 20, 32, 10, 256
+        args.max_batch = min(args.max_batch, 256)
         args.precision, args.timeout_s = max(args.precision, 0.25), min(args.timeout_s, 300)
         args.depths, args.depth_batch, args.depth_budget_mb = "47", 48, 256
     try:

@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch < 1 or not 0 < args.budget_fraction <= 1:
         parser.error("--batch must be positive and --budget-fraction in (0, 1]")
 
-    import tensorflow as tf
-
-    from models.resnet.model import resnet
+    from models.resnet.benchmark import training_step
     from seqmem.analysis import analyze
     from seqmem.budget import plan_swaps
     from seqmem.memory import simulate
@@ -32,18 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from seqmem.swap.rewrite import rewrite
 
     started = time.perf_counter()
-    model = resnet(args.depth, image_size=32, classes=10)
-    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
-
-    @tf.function
-    def step(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    function = step.get_concrete_function(tf.TensorSpec([args.batch, 32, 32, 3]), tf.TensorSpec([args.batch], tf.int32))
+    step, _, specs = training_step("baseline", args.depth, args.batch, image_size=32, classes=10)
+    function = step.get_concrete_function(*specs)
     print(f"built and traced ResNet-{args.depth} in {time.perf_counter() - started:.1f} s", flush=True)
 
     started = time.perf_counter()
