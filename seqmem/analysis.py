@@ -16,11 +16,12 @@ import tensorflow as tf
 from seqmem import capture, device
 from seqmem.anatomy import StepAnatomy, analyze_step
 from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
+from seqmem.gc_pause import without_gc
 from seqmem.graph import Graph, TensorRef
-from seqmem.memory import schedule
+from seqmem.memory import schedule, simulate
 from seqmem.workspace import static_scratch_bytes, with_concurrent_scratch
 
-__all__ = ["StepAnalysis", "analyze", "measuring_device_present"]
+__all__ = ["StepAnalysis", "analyze", "measuring_device_present", "predicted_peak_bytes"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ def measuring_device_present() -> bool:
     return device.emulated_budget_mb() is not None or bool(tf.config.list_logical_devices("GPU"))
 
 
+@without_gc
 def analyze(
     function: Any,
     *,
@@ -71,3 +73,12 @@ def _inter_op_threads() -> int:
     """Ops TensorFlow's executor may run at once here (its inter-op pool, at least 1)."""
     threads = tf.config.threading.get_inter_op_parallelism_threads()
     return threads if threads > 0 else max(1, os.cpu_count() or 1)
+
+
+def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int:
+    """seqmem's predicted peak device bytes (BFC allocator model) of one call of the unoptimized `function`.
+
+    measure_scratch: probe kernels' scratch memory on the measuring device, as `optimize` does.
+    """
+    analysis = analyze(function, measure_scratch=measure_scratch)
+    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes).peak_bytes

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from seqmem.device import run_with_budget
 
-__all__ = ["BatchSearch", "largest_batch"]
+__all__ = ["BatchSearch", "extrapolated_batch", "largest_batch"]
 
 
 @dataclass
@@ -41,7 +41,8 @@ def largest_batch(
     The probe is a module-level function run in a fresh process; it succeeds when it
     returns a truthy value without error. `start` is the first batch tried (a good
     guess saves probes); the bisection stops once the bracket is within `precision`
-    (relative: 0.02 means the answer is within 2% of the true largest batch); `on_probe(batch, verdict)` is called after each probe.
+    (relative: 0.02 means the answer is within 2% of the true largest batch);
+    `on_probe(batch, verdict)` is called after each probe.
     """
     if limit < 1 or not 1 <= start <= limit:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
@@ -70,3 +71,10 @@ def largest_batch(
         low, high = (middle, high) if fits(middle) else (low, middle)
     search.batch = low
     return search
+
+
+def extrapolated_batch(peak_at_one: int, peak_at_two: int, budget_bytes: int) -> int:
+    """The largest batch (at least 1) at which a peak affine in the batch, `peak_at_one` bytes at batch 1
+    and `peak_at_two` at batch 2, stays within `budget_bytes`: where a search for B_base can start."""
+    growth = max(peak_at_two - peak_at_one, 1)
+    return max(1, 1 + (budget_bytes - peak_at_one) // growth)

@@ -7,7 +7,7 @@ tensors that share their buffer with another tensor. Add each remaining one to
 the swap set while it lowers the predicted peak, until the peak fits the budget.
 
 The peak is tracked incrementally: a swap removes the tensor's bytes from the
-live-bytes timeline between its last forward reader and its swap-in, a range
+live tensor bytes between its last forward reader and its swap-in, a range
 update on a max segment tree (O(log n) per candidate). The allocator's
 fragmentation is then checked by one full simulation with the BFC model; if
 that still exceeds the budget, selection continues with a lower target.
@@ -22,6 +22,7 @@ from seqmem.allocator import OutOfMemory
 from seqmem.anatomy import StepAnatomy
 from seqmem.critical_path import MachineModel, Timing, transfer_time_s
 from seqmem.errors import SeqmemError
+from seqmem.gc_pause import without_gc
 from seqmem.graph import Graph, TensorRef
 from seqmem.memory import MemoryTrace, SwapEvent, simulate
 from seqmem.op_classes import SHAPE_OPS
@@ -105,6 +106,7 @@ def _last_forward_reader(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, pos
     return max(readers, key=position.__getitem__) if readers else ref.node
 
 
+@without_gc
 def plan_swaps(
     graph: Graph,
     anatomy: StepAnatomy,
@@ -142,19 +144,18 @@ def plan_swaps(
         return SwapPlan(budget_bytes, before.peak_bytes, before.peak_bytes,
                         notes=("the step already fits the budget: returned unchanged",))
 
-    exact = simulate(graph, order, allocator="exact", scratch_bytes=scratch_bytes)
-    device = exact.busiest()
-    tree = _MaxTree(device.live_bytes)
+    device = before.busiest()
+    tree = _MaxTree(device.tensor_live_bytes)
     position = {name: i for i, name in enumerate(order)}
     triggers = TriggerIndex(graph, timing, anatomy.backward)
-    candidates, skipped = _candidates(graph, anatomy, timing, exact, machine, min_swap_bytes, position, triggers)
+    candidates, skipped = _candidates(graph, anatomy, timing, before, machine, min_swap_bytes, position, triggers)
 
     chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
-    target = budget_bytes - (before.peak_bytes - exact.peak_bytes)  # leave room for fragmentation
+    target = budget_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
     after = before
     forced = 1
     for _ in range(_MAX_ROUNDS):
-        added = _select(candidates, chosen, tree, target - device.persistent_bytes)
+        added = _select(candidates, chosen, tree, target - device.tensor_persistent_bytes)
         plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing)
         after, placed = peak(swap_events(plan, graph, order, anatomy))
         if (after.peak_bytes <= budget_bytes and placed) or len(chosen) == len(candidates):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from seqmem.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.critical_path import Timing
+from seqmem.gc_pause import without_gc
 from seqmem.graph import Graph, TensorRef
 from seqmem.op_classes import INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op, view_source
 from seqmem.workspace import static_scratch_bytes
@@ -46,9 +47,13 @@ class SwapEvent:
 class DeviceTimeline:
     """Memory of one device over the schedule; all sizes in bytes.
 
-    live_bytes[i]: transient bytes live while the schedule's i-th node runs.
+    live_bytes[i]: transient bytes live while the schedule's i-th node runs, as
+    the allocator model counts them.
     peak_bytes: persistent_bytes + max(live_bytes).
     live_at_peak: the tensors owning the buffers live at the peak, largest first.
+    tensor_persistent_bytes, tensor_live_bytes: the same sums of tensor sizes
+    alone, without the allocator's rounding and fragmentation (equal to the
+    above for the "exact" allocator).
     """
 
     device: str
@@ -57,6 +62,13 @@ class DeviceTimeline:
     peak_bytes: int
     peak_step: int
     live_at_peak: tuple[tuple[TensorRef, int], ...]
+    tensor_persistent_bytes: int
+    tensor_live_bytes: tuple[int, ...]
+
+    @property
+    def tensor_peak_bytes(self) -> int:
+        """tensor_persistent_bytes + max(tensor_live_bytes)."""
+        return self.tensor_persistent_bytes + max(self.tensor_live_bytes, default=0)
 
 
 @dataclass(frozen=True)
@@ -111,27 +123,36 @@ class _Buffer:
 
 
 class _DeviceMemory:
-    """One device's allocator model and the part of its use that is persistent."""
+    """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent."""
 
     def __init__(self, allocator: str, limit_bytes: int | None) -> None:
         self.model = BFCAllocatorModel(limit_bytes) if allocator == "bfc" else ExactAllocator()
+        self.tensor_bytes = 0
         self.persistent_bytes = 0
+        self.tensor_persistent_bytes = 0
         self.persistent_handles: dict[TensorRef, int] = {}
+
+    def allocate(self, size: int) -> int:
+        self.tensor_bytes += size
+        return self.model.allocate(size)
+
+    def free(self, handle: int, size: int) -> None:
+        self.tensor_bytes -= size
+        self.model.free(handle)
 
     def allocate_persistent(self, owner: TensorRef, size: int) -> None:
         if owner not in self.persistent_handles:
             before = self.model.in_use_bytes
-            self.persistent_handles[owner] = self.model.allocate(size)
+            self.persistent_handles[owner] = self.allocate(size)
             self.persistent_bytes += self.model.in_use_bytes - before
+            self.tensor_persistent_bytes += size
 
-    @property
-    def transient_bytes(self) -> int:
-        return self.model.in_use_bytes - self.persistent_bytes
 
 
 _ALLOCATORS = ("bfc", "exact")
 
 
+@without_gc
 def simulate(
     graph: Graph,
     order: Sequence[str],
@@ -192,14 +213,11 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         cut = position[event.in_before]
         return sum(1 for r in consumers(ref) if (position[r] >= cut) == late)
 
-    def allocate(buffer: _Buffer) -> None:
-        buffer.handle = memories[buffer.device].model.allocate(buffer.size)
-
     def release(buffer: _Buffer, step: int) -> None:
         buffer.pending -= 1
         if buffer.pending == 0 and not buffer.persistent:
             if buffer.size:
-                memories[buffer.device].model.free(buffer.handle)
+                memories[buffer.device].free(buffer.handle, buffer.size)
             buffer.end = step
 
     nodes, short_devices = graph.nodes, {}
@@ -220,42 +238,48 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             copy.pending = reads(ref, late=True)
             copy_of[ref] = copy
             buffers.append(copy)
-            allocate(copy)
+            copy.handle = memories[copy.device].allocate(copy.size)
 
         new_buffers = []
+        persistent = is_persistent_op(node.op)
         for index, info in enumerate(node.outputs):
             ref = TensorRef(name, index)
             size = info.size_bytes
             if size is None:
                 unknown.append(ref)
                 size = 0
-            extra_holds = (ref in graph_outputs) + (ref in swap_by_tensor)
+            if ref in swap_by_tensor:
+                pending = reads(ref, late=False) + 1 + (ref in graph_outputs)
+            else:
+                pending = len(consumers(ref)) + (ref in graph_outputs)
             source = view_source(node, index)
             shared = buffer_of.get(source) if source is not None else None
             if shared is None and node.op in INPLACE_OPS:
                 shared = _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs)
             if shared is not None:
-                shared.pending += reads(ref, late=False) + extra_holds
+                shared.pending += pending
                 buffer_of[ref] = shared
                 continue
-            buffer = _Buffer(size, device, ref, is_persistent_op(node.op), step)
-            buffer.pending = reads(ref, late=False) + extra_holds
+            buffer = _Buffer(size, device, ref, persistent, step)
+            buffer.pending = pending
             buffer_of[ref] = buffer
             buffers.append(buffer)
             new_buffers.append(buffer)
             if buffer.persistent:
                 memory.allocate_persistent(ref, size)
             elif size:
-                allocate(buffer)
+                buffer.handle = memory.allocate(size)
 
         scratch = scratch_bytes.get(name, 0)
-        scratch_handle = memory.model.allocate(scratch) if scratch else None
+        scratch_handle = memory.allocate(scratch) if scratch else None
         for dev, other in memories.items():
             if dev not in timelines:
-                timelines[dev] = [0] * step
-            timelines[dev].append(other.transient_bytes)
+                timelines[dev] = ([0] * step, [0] * step)
+            live, tensor_live = timelines[dev]
+            live.append(other.model.in_use_bytes - other.persistent_bytes)
+            tensor_live.append(other.tensor_bytes - other.tensor_persistent_bytes)
         if scratch_handle is not None:
-            memory.model.free(scratch_handle)
+            memory.free(scratch_handle, scratch)
 
         for ref in node.inputs:
             event = swap_by_tensor.get(ref)
@@ -266,7 +290,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         for buffer in new_buffers:
             if buffer.pending == 0 and not buffer.persistent:
                 if buffer.size:
-                    memory.model.free(buffer.handle)
+                    memory.free(buffer.handle, buffer.size)
                 buffer.end = step
         for ref in swap_outs_after.get(step, ()):
             release(buffer_of[ref], step)
@@ -298,8 +322,9 @@ def _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outpu
 
 def _timelines(timelines, memories, buffers, steps) -> dict[str, DeviceTimeline]:
     result = {}
-    for device, values in timelines.items():
+    for device, (values, tensor_values) in timelines.items():
         values = values + [0] * (steps - len(values))
+        tensor_values = tensor_values + [0] * (steps - len(tensor_values))
         peak_step = max(range(steps), key=values.__getitem__) if steps else 0
         at_peak = [
             (b.owner, b.size)
@@ -316,6 +341,8 @@ def _timelines(timelines, memories, buffers, steps) -> dict[str, DeviceTimeline]
             peak_bytes=persistent + (values[peak_step] if steps else 0),
             peak_step=peak_step,
             live_at_peak=tuple(at_peak),
+            tensor_persistent_bytes=memories[device].tensor_persistent_bytes,
+            tensor_live_bytes=tuple(tensor_values),
         )
     return result
 

@@ -60,3 +60,10 @@ def test_a_falsy_result_does_not_fit(monkeypatch):
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         batch_search.largest_batch(bool, budget_mb=1, **kwargs)
+
+
+def test_extrapolated_batch_is_where_an_affine_peak_meets_the_budget():
+    assert batch_search.extrapolated_batch(110, 120, 200) == 10  # 100 + 10 * batch
+    assert batch_search.extrapolated_batch(110, 120, 199) == 9
+    assert batch_search.extrapolated_batch(500, 600, 200) == 1  # even batch 1 is over: start at 1
+    assert batch_search.extrapolated_batch(100, 100, 10_000) > 1_000  # no growth measured: far out, not a division by zero

@@ -124,3 +124,14 @@ def test_random_dag_invariants(g):
         start, end = trace.lifetimes[owner]
         if readers and end >= 0:
             assert end >= max(readers), f"{owner} freed at {end} before its reader at {max(readers)}"
+
+
+@settings(max_examples=50, deadline=None)
+@given(random_dags())
+def test_bfc_trace_also_counts_the_exact_tensor_bytes(g):
+    order = g.topological_order()
+    exact = simulate(g, order).devices[""]
+    bfc = simulate(g, order, allocator="bfc").devices[""]
+    assert bfc.tensor_live_bytes == exact.live_bytes == exact.tensor_live_bytes
+    assert bfc.tensor_peak_bytes == exact.peak_bytes
+    assert bfc.peak_bytes >= exact.peak_bytes

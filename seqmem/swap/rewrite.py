@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from seqmem.gc_pause import without_gc
 from seqmem.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.swap.plan import SwapPlan
 
@@ -38,6 +39,7 @@ class SwapBackend(Protocol):
         """Nodes that bring `host` back, started by a control edge from `trigger`; the last one's output 0 is the copy."""
 
 
+@without_gc
 def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     """A new graph in which the plan's tensors are swapped out and back in.
 
