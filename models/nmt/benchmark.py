@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from seqmem.batch_search import largest_batch
+from seqmem.batch_search import extrapolated_batch, largest_batch
 from seqmem.device import run_with_budget
 from seqmem.reporting import ratio, save_figure, write_json
 
@@ -64,26 +64,21 @@ def _runnable(variant: str, batch: int, time_steps: int, units: int, vocab: int,
 
         optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
         return optimized, inputs, optimized.plan.predicted_peak_after_bytes, len(optimized.plan.decisions)
-    from seqmem.analysis import analyze
-    from seqmem.memory import simulate
+    from seqmem.analysis import predicted_peak_bytes
 
-    analysis = analyze(step.get_concrete_function(*specs), measure_scratch=True)
-    predicted = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
-    return step, inputs, predicted.peak_bytes, 0
+    return step, inputs, predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True), 0
 
 
 def predicted_base_batch(time_steps: int, units: int, vocab: int, budget_mb: int) -> int:
     """Child process: the batch at which seqmem predicts the base step's peak reaches the budget
     (peaks at batch 1 and 2, extrapolated linearly): where the search for B_base starts."""
-    from seqmem.analysis import analyze
-    from seqmem.memory import simulate
+    from seqmem.analysis import predicted_peak_bytes
 
     peaks = []
     for batch in (1, 2):
         step, _, specs = training_step("base", batch, time_steps, units, vocab)
-        analysis = analyze(step.get_concrete_function(*specs))
-        peaks.append(simulate(analysis.graph, analysis.order, allocator="bfc").peak_bytes)
-    return max(1, int(1 + (budget_mb * _MB - peaks[0]) // max(peaks[1] - peaks[0], 1)))
+        peaks.append(predicted_peak_bytes(step.get_concrete_function(*specs)))
+    return extrapolated_batch(peaks[0], peaks[1], budget_mb * _MB)
 
 
 def trains(batch: int, variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from seqmem.batch_search import largest_batch
+from seqmem.batch_search import extrapolated_batch, largest_batch
 from seqmem.device import run_with_budget
 from seqmem.reporting import ratio, save_figure, write_json
 
@@ -67,16 +67,9 @@ def _runnable(variant: str, depth: int, batch: int, image_size: int, classes: in
 
         optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
         return optimized, inputs, optimized.plan.predicted_peak_after_bytes, optimized.plan
-    return step, inputs, _predicted_peak_bytes(step, specs), None
+    from seqmem.analysis import predicted_peak_bytes
 
-
-def _predicted_peak_bytes(step, specs) -> int:
-    """seqmem's prediction for the unoptimized step, with scratch memory measured as `optimize` measures it."""
-    from seqmem.analysis import analyze
-    from seqmem.memory import simulate
-
-    analysis = analyze(step.get_concrete_function(*specs), measure_scratch=True)
-    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes).peak_bytes
+    return step, inputs, predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True), None
 
 
 def trains(batch: int, variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> bool:
@@ -103,9 +96,9 @@ def measure(variant: str, depth: int, batch: int, image_size: int, classes: int,
 
     step, inputs, predicted, plan = _runnable(variant, depth, batch, image_size, classes, budget_mb)
     peaks, seconds = timed_steps(step, inputs, steps)
-    return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
-            "predicted_peak_bytes": predicted, "swaps": len(plan.decisions) if plan else 0,
-            "images_per_s": batch / sorted(seconds)[len(seconds) // 2]}
+    median_s = sorted(seconds)[len(seconds) // 2]
+    return {"peak_bytes": max(peaks), "median_step_s": median_s, "predicted_peak_bytes": predicted,
+            "swaps": len(plan.decisions) if plan else 0, "images_per_s": batch / median_s}
 
 
 def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
@@ -142,9 +135,8 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
             fits = (budget - scratch.get(name, 0) - (at_two - 2 * per_image)) // per_image
             if limit is None or fits < limit:
                 limit, limiting = fits, name
-    growth = max(peaks[1] - peaks[0], 1)
     return {"batch": max(int(limit or 0), 0), "op": limiting, "persistent_bytes": persistent,
-            "predicted_base_batch": max(1, int(1 + (budget_mb * _MB - peaks[0]) // growth))}
+            "predicted_base_batch": extrapolated_batch(peaks[0], peaks[1], budget_mb * _MB)}
 
 
 def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str) -> str:
