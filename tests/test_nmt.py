@@ -129,6 +129,22 @@ def test_train_script_bad_input(tmp_path, capsys):
         assert exit_info.value.code == 2
 
 
+def test_train_script_reports_a_budget_no_plan_fits(tmp_path, capsys, monkeypatch):
+    from seqmem import device
+    from seqmem.budget import InfeasibleBudgetError
+
+    def infeasible(self):
+        raise InfeasibleBudgetError("smallest achievable peak is 102.2 MB (StatelessWhile 'x'); budget was 80.0 MB.")
+
+    monkeypatch.setattr(device, "configure_emulated_device", lambda budget_mb: None)  # TF is already running here
+    monkeypatch.setattr(TrainingRun, "train", infeasible)
+    argv = ["--synthetic", "--synthetic-size", "50", "--out", str(tmp_path / "run"), "--memory-budget-mb", "80", "--swap"]
+    assert train.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --swap under 80 MB: smallest achievable peak is 102.2 MB") and "Traceback" not in err
+    assert not (tmp_path / "run" / "log.json").exists()
+
+
 def test_quick_benchmark_end_to_end(tmp_path, capsys):
     from models.nmt import benchmark
 

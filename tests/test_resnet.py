@@ -112,3 +112,13 @@ def test_quick_benchmark_end_to_end(tmp_path, capsys):
     assert [row["depth"] for row in report["table_b"]] == [47]
     printed = capsys.readouterr().out
     assert "Table 1(a)" in printed and "Table 1(b)" in printed
+
+
+def test_report_with_table_b_only():
+    row = {"depth": 1001, "baseline": {"error": "oom", "message": ""},
+           "seqmem": {"peak_bytes": 1400 << 20, "predicted_peak_bytes": 1200 << 20, "swaps": 157}}
+    report = {"args": {"depth_batch": 8, "depth_image_size": 32, "depth_budget_mb": 1536},
+              "table_a": {}, "at_base": {}, "at_opt": {}, "table_b": [row]}
+    printed = benchmark.format_report(report)
+    assert printed.startswith("Table 1(b)") and "Table 1(a)" not in printed
+    assert "| ResNet-1001 | OOM | 1400 (1200) | 157 |" in printed

@@ -74,9 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from seqmem.budget import InfeasibleBudgetError
+
     run = TrainingRun(args, train_pairs, valid_pairs)
     started = time.time()
-    log = run.train()
+    try:
+        log = run.train()
+    except InfeasibleBudgetError as error:  # a bucket's step cannot fit: say so, without a traceback
+        print(f"error: --swap under {args.memory_budget_mb} MB: {error}", file=sys.stderr)
+        return 1
     log["seconds"] = time.time() - started
     path = write_json(log, os.path.join(args.out, "log.json"))
     print(f"final validation BLEU {log['bleu'][-1]['bleu']:.1f} after {args.steps} steps "

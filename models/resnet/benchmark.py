@@ -15,6 +15,7 @@ training step (SGD with momentum, synthetic images):
 
     python -m models.resnet.benchmark                 # ResNet-50 at 64x64, 1024 MB; depths 101/200/1001/2000
     python -m models.resnet.benchmark --quick         # ResNet-20 at 32x32, 256 MB: a few minutes
+    python -m models.resnet.benchmark --tables b --depths 2000   # one row of Table 1(b) only
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=2048)
     parser.add_argument("--precision", type=float, default=0.03,
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
+    parser.add_argument("--tables", choices=("a", "b", "ab"), default="ab", help="which of Table 1(a) and 1(b) to run")
     parser.add_argument("--depths", default="101,200,1001,2000", help="networks of Table 1(b), comma-separated")
     parser.add_argument("--depth-batch", type=int, default=8, help="batch of Table 1(b)")
     parser.add_argument("--depth-image-size", type=int, default=32, help="image size of Table 1(b)")
@@ -230,33 +232,34 @@ def main(argv: list[str] | None = None) -> int:
             return {"batch": found.batch, "notes": found.notes}
 
         table_a = report["table_a"]
-        bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
-        table_a["limit"] = _value_or_verdict(bounds)
-        guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
-        table_a["baseline"] = search("baseline", min(guess, args.max_batch))
-        base = table_a["baseline"]["batch"]
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
-            table_a.update(zip(("seqmem", "recompute"),
-                               pool.map(lambda variant: search(variant, max(base, 1)), ("seqmem", "recompute"))))
         report["at_base"], report["at_opt"] = {}, {}
-        if base:
-            # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
-            # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
-            # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
-            for variant in VARIANTS:
-                measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
-                               args.budget_mb, budget_mb=2 * args.budget_mb)
-                report["at_base"][variant] = _value_or_verdict(measured)
-            opt = table_a["seqmem"]["batch"]
-            if opt:
-                measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
-                               args.budget_mb, budget_mb=args.budget_mb)
-                report["at_opt"]["seqmem"] = _value_or_verdict(measured)
-            curves = os.path.join(args.out, "resnet-memory.png")
-            drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
-                        curves, budget_mb=max(4 * args.budget_mb, 4096))
-            report["memory_png"] = curves if drawn.ok else drawn.verdict
-        for depth in depths:
+        if "a" in args.tables:
+            bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
+            table_a["limit"] = _value_or_verdict(bounds)
+            guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
+            table_a["baseline"] = search("baseline", min(guess, args.max_batch))
+            base = table_a["baseline"]["batch"]
+            with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
+                table_a.update(zip(("seqmem", "recompute"),
+                                   pool.map(lambda variant: search(variant, max(base, 1)), ("seqmem", "recompute"))))
+            if base:
+                # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
+                # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
+                # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
+                for variant in VARIANTS:
+                    measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
+                                   args.budget_mb, budget_mb=2 * args.budget_mb)
+                    report["at_base"][variant] = _value_or_verdict(measured)
+                opt = table_a["seqmem"]["batch"]
+                if opt:
+                    measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
+                                   args.budget_mb, budget_mb=args.budget_mb)
+                    report["at_opt"]["seqmem"] = _value_or_verdict(measured)
+                curves = os.path.join(args.out, "resnet-memory.png")
+                drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
+                            curves, budget_mb=max(4 * args.budget_mb, 4096))
+                report["memory_png"] = curves if drawn.ok else drawn.verdict
+        for depth in depths if "b" in args.tables else ():
             row = {"depth": depth}
             for variant in ("baseline", "seqmem"):
                 measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
@@ -276,6 +279,21 @@ def _value_or_verdict(run) -> dict[str, Any]:
 
 def format_report(report: dict[str, Any]) -> str:
     """The benchmark's tables in Markdown, from its JSON report."""
+    args, table_a = report["args"], report["table_a"]
+    lines = _format_table_a(report) if table_a else []
+    if report["table_b"]:
+        lines += ["", f"Table 1(b): measured peak at batch {args['depth_batch']}, {args['depth_image_size']}x"
+                      f"{args['depth_image_size']}, emulated device {args['depth_budget_mb']} MB "
+                      "(predicted in parentheses)",
+                  "| network | baseline (MB) | seqmem (MB) | swaps |", "|---|---:|---:|---:|"]
+        for row in report["table_b"]:
+            lines.append(f"| ResNet-{row['depth']} | {_peak(row['baseline'])} | {_peak(row['seqmem'])} "
+                         f"| {row['seqmem'].get('swaps', '-')} |")
+    return "\n".join(lines).strip("\n")
+
+
+def _format_table_a(report: dict[str, Any]) -> list[str]:
+    """Table 1(a) lines: batches, the graph bound, notes, and the measurements at B_base and B_opt."""
     args, table_a = report["args"], report["table_a"]
     base, opt, rec = (table_a[v]["batch"] for v in ("baseline", "seqmem", "recompute"))
     limit = table_a["limit"].get("batch", "-")
@@ -299,15 +317,7 @@ def format_report(report: dict[str, Any]) -> str:
         rows += [(f"seqmem at B_opt = {opt}", report["at_opt"]["seqmem"])] if report["at_opt"] else []
         for name, row in rows:
             lines.append(_measured_row(name, row, reference))
-    if report["table_b"]:
-        lines += ["", f"Table 1(b): measured peak at batch {args['depth_batch']}, {args['depth_image_size']}x"
-                      f"{args['depth_image_size']}, emulated device {args['depth_budget_mb']} MB "
-                      "(predicted in parentheses)",
-                  "| network | baseline (MB) | seqmem (MB) | swaps |", "|---|---:|---:|---:|"]
-        for row in report["table_b"]:
-            lines.append(f"| ResNet-{row['depth']} | {_peak(row['baseline'])} | {_peak(row['seqmem'])} "
-                         f"| {row['seqmem'].get('swaps', '-')} |")
-    return "\n".join(lines)
+    return lines
 
 
 def _measured_row(name: str, row: dict[str, Any], reference: float | None) -> str:
