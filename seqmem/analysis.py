@@ -16,7 +16,7 @@ import tensorflow as tf
 from seqmem import capture, device
 from seqmem.anatomy import StepAnatomy, analyze_step
 from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
-from seqmem.gc_pause import without_gc
+from seqmem.gc_pause import gc_paused
 from seqmem.graph import Graph, TensorRef
 from seqmem.memory import schedule, simulate
 from seqmem.workspace import static_scratch_bytes, with_concurrent_scratch
@@ -40,7 +40,6 @@ def measuring_device_present() -> bool:
     return device.emulated_budget_mb() is not None or bool(tf.config.list_logical_devices("GPU"))
 
 
-@without_gc
 def analyze(
     function: Any,
     *,
@@ -54,13 +53,14 @@ def analyze(
     op_time_s: measured seconds per node (from `op_trace.trace_op_times`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.
     """
-    graph = capture.from_tf(function)
-    anatomy = analyze_step(graph, loss)
-    cost_s = static_costs(graph, machine)
-    if op_time_s is not None:
-        cost_s = measured_costs(graph, op_time_s, cost_s)
-    timing = analyze_timing(graph, cost_s, anatomy.loss.node)
-    scratch = static_scratch_bytes(graph)
+    with gc_paused():  # pure Python over a large graph; the probes below run TensorFlow with it on
+        graph = capture.from_tf(function)
+        anatomy = analyze_step(graph, loss)
+        cost_s = static_costs(graph, machine)
+        if op_time_s is not None:
+            cost_s = measured_costs(graph, op_time_s, cost_s)
+        timing = analyze_timing(graph, cost_s, anatomy.loss.node)
+        scratch = static_scratch_bytes(graph)
     if measure_scratch:
         from seqmem.workspace_probe import measure_workspaces
 

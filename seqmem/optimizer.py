@@ -123,14 +123,28 @@ def optimize(
     analysis = analyze(function, loss=loss, machine=machine, measure_scratch=measuring)
     original = target if not isinstance(target, capture.ConcreteFunction) else function
 
+    calibrating = calibrate and measuring
+
     def build(target_bytes: int) -> OptimizedStep:
-        plan = plan_swaps(analysis.graph, analysis.anatomy, analysis.timing, analysis.order, target_bytes,
-                          machine=machine, scratch_bytes=analysis.scratch_bytes, min_swap_bytes=min_swap_bytes,
-                          arena_bytes=arena_bytes)
+        nonlocal arena_bytes
+
+        def plan_for(arena):
+            return plan_swaps(analysis.graph, analysis.anatomy, analysis.timing, analysis.order, target_bytes,
+                              machine=machine, scratch_bytes=analysis.scratch_bytes, min_swap_bytes=min_swap_bytes,
+                              arena_bytes=arena)
+
+        try:
+            plan = plan_for(arena_bytes)
+        except InfeasibleBudgetError as error:
+            if error.smallest_peak_bytes is not None or arena_bytes is None or not calibrating:
+                raise
+            # Only the allocator model's fragmentation stood in the way: a model, which calibration
+            # checks on the device itself. Plan without it from here on.
+            arena_bytes = None
+            plan = plan_for(None)
         plan = dataclasses.replace(plan, budget_bytes=budget_bytes)
         return OptimizedStep(plan, capture.to_graph_def(rewrite(analysis.graph, plan, backend)), function, original)
 
-    calibrating = calibrate and measuring
     try:
         step = build(planned_bytes)
     except InfeasibleBudgetError:
