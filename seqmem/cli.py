@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--batch", type=int, default=64)
     demo.add_argument("--budget-mb", type=int, default=4096, help="emulated device memory (MiB)")
     demo.add_argument("--out", default="demo-output", help="folder for the plot")
-    demo.add_argument("--optimize-example", choices=sorted(EXAMPLES), default="cnn")
-    demo.add_argument("--optimize-batch", type=int, default=128)
-    demo.add_argument("--optimize-budget-mb", type=int, default=170, help="emulated device for the optimize demo")
+    demo.add_argument("--optimize-example", choices=sorted(EXAMPLES), default="resnet")
+    demo.add_argument("--optimize-batch", type=int, default=256)
+    demo.add_argument("--optimize-budget-mb", type=int, default=200, help="emulated device for the optimize demo")
     demo.set_defaults(run=_demo)
     accuracy = commands.add_parser("accuracy", help="predicted vs measured peak on the emulated device")
     accuracy.add_argument("--case", action="append", type=_parse_case,
