@@ -56,17 +56,17 @@ def host_device_backend_equivalence():
     return len(step.plan.decisions), losses == optimized, sorted(set(host_nodes))
 
 
-def keras_fit(batch, seqmem_budget_mb=None, epochs=2):
-    """model.fit of the built-in CNN on synthetic data, optionally under seqmem; (loss history, swaps made)."""
+def keras_fit(batch, seqmem_budget_mb=None, epochs=2, example="cnn"):
+    """model.fit of a built-in example on synthetic data, optionally under seqmem; (loss history, swaps made)."""
     import tensorflow as tf
 
     from seqmem.examples import build_example
     from seqmem.keras import fit_within_budget
 
     tf.config.experimental.enable_op_determinism()
-    example = build_example("cnn", batch)
-    images, labels = example.make_inputs(0)
-    model = example.model
+    built = build_example(example, batch)
+    images, labels = built.make_inputs(0)
+    model = built.model
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01, momentum=0.9),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     fitted = {}
