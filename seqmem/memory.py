@@ -148,7 +148,6 @@ class _DeviceMemory:
             self.tensor_persistent_bytes += size
 
 
-
 _ALLOCATORS = ("bfc", "exact")
 
 
