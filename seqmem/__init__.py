@@ -2,6 +2,11 @@
 
 Importing seqmem does not import TensorFlow, so `seqmem.device` can configure
 the emulated device first; the names below load their modules on first use.
+
+The pipeline, one package or module a stage:
+capture (`seqmem.edge`) -> IR (`seqmem.ir`) -> analyze (`seqmem.anatomy`,
+`seqmem.critical_path`, `seqmem.sim`) -> plan (`seqmem.budget`, `seqmem.swap`)
+-> rewrite (`seqmem.swap.rewrite`) -> run (`seqmem.runtime`).
 """
 
 import importlib
@@ -18,30 +23,35 @@ __all__ = [
     "TensorRef",
     "analyze_step",
     "analyze_timing",
+    "device",
+    "keras",
     "optimize",
     "profile",
     "simulate",
 ]
 
 _HOME = {
-    "Graph": "seqmem.graph",
-    "TensorRef": "seqmem.graph",
+    "Graph": "seqmem.ir.graph",
+    "TensorRef": "seqmem.ir.graph",
     "StepAnatomy": "seqmem.anatomy",
     "analyze_step": "seqmem.anatomy",
     "MachineModel": "seqmem.critical_path",
     "analyze_timing": "seqmem.critical_path",
-    "simulate": "seqmem.memory",
-    "Profile": "seqmem.profiling",
-    "profile": "seqmem.profiling",
-    "InfeasibleBudgetError": "seqmem.budget",
+    "simulate": "seqmem.sim.simulator",
+    "Profile": "seqmem.runtime.profile",
+    "profile": "seqmem.runtime.profile",
+    "InfeasibleBudgetError": "seqmem.errors",
     "SwapPlan": "seqmem.swap.plan",
-    "OptimizedStep": "seqmem.optimizer",
-    "optimize": "seqmem.optimizer",
+    "OptimizedStep": "seqmem.runtime.optimized_step",
+    "optimize": "seqmem.runtime.optimize",
     "MemoryEfficientBahdanauAttention": "seqmem.attention",
 }
+_MODULES = {"device": "seqmem.runtime.device", "keras": "seqmem.runtime.keras"}
 
 
 def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     if name in _HOME:
         return getattr(importlib.import_module(_HOME[name]), name)
     raise AttributeError(f"module 'seqmem' has no attribute {name!r}")

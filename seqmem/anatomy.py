@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 
 from seqmem.errors import GraphError, NoBackwardPassError
-from seqmem.graph import Graph, TensorRef
-from seqmem.op_classes import is_persistent_op, view_source
+from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.op_tables import is_persistent_op
 
 __all__ = ["StepAnatomy", "analyze_step", "GRADIENT_SCOPE"]
 

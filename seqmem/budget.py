@@ -17,33 +17,48 @@ Persistent memory (weights, optimizer slots, inputs) counts against the budget.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
-from seqmem.allocator import OutOfMemory
+from seqmem.analysis import StepAnalysis
 from seqmem.anatomy import StepAnatomy
-from seqmem.critical_path import MachineModel, Timing, transfer_time_s
-from seqmem.errors import SeqmemError
+from seqmem.critical_path import MachineModel, transfer_time_s
+from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError, SimulatedOutOfMemoryError
 from seqmem.gc_pause import without_gc
-from seqmem.graph import Graph, TensorRef
-from seqmem.memory import MemoryTrace, SwapEvent, simulate
-from seqmem.op_classes import SHAPE_OPS
+from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.op_tables import SHAPE_OPS
+from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
 from seqmem.swap.plan import SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
+from seqmem.units import MIB
 
-__all__ = ["InfeasibleBudgetError", "plan_swaps", "swap_events"]
+__all__ = ["Baseline", "plan_swaps", "simulate_baseline", "swap_events"]
 
-_MB = 1 << 20
 _MAX_ROUNDS = 64
 
 
-class InfeasibleBudgetError(SeqmemError, ValueError):
-    """Even swapping every candidate cannot fit the step into the budget.
+@dataclass(frozen=True)
+class Baseline:
+    """The unoptimized step, simulated once: its trace, and whether the allocator
+    model placed every buffer within the arena (always True without an arena)."""
 
-    smallest_peak_bytes: the lowest predicted peak any plan reaches, when known.
-    """
+    trace: MemoryTrace
+    placed: bool
 
-    def __init__(self, message: str, smallest_peak_bytes: int | None = None) -> None:
-        super().__init__(message)
-        self.smallest_peak_bytes = smallest_peak_bytes
+
+def _simulate(analysis: StepAnalysis, events, allocator: str, arena_bytes: Optional[int]) -> tuple[MemoryTrace, bool]:
+    """The simulated trace, and whether the allocator model placed every buffer within `arena_bytes`."""
+    limit = arena_bytes if allocator == "bfc" else None
+    arguments = (analysis.graph, analysis.order, events)
+    try:
+        return simulate(*arguments, allocator=allocator, scratch_bytes=analysis.scratch_bytes, limit_bytes=limit), True
+    except SimulatedOutOfMemoryError:
+        return simulate(*arguments, allocator=allocator, scratch_bytes=analysis.scratch_bytes), False
+
+
+def simulate_baseline(analysis: StepAnalysis, *, allocator: str = "bfc", arena_bytes: Optional[int] = None) -> Baseline:
+    """Simulate the unoptimized step once, for any number of `plan_swaps` calls."""
+    return Baseline(*_simulate(analysis, (), allocator, arena_bytes))
 
 
 class _MaxTree:
@@ -86,8 +101,9 @@ class _MaxTree:
         return node - self._size
 
 
-def swap_events(plan: SwapPlan, graph: Graph, order: Sequence[str], anatomy: StepAnatomy) -> list[SwapEvent]:
-    """The simulator's view of `plan` on the schedule `order`."""
+def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
+    """The simulator's view of `plan` on the analysis's schedule."""
+    graph, anatomy, order = analysis.graph, analysis.anatomy, analysis.order
     position = {name: i for i, name in enumerate(order)}
     events = []
     for decision in plan.decisions:
@@ -108,40 +124,43 @@ def _last_forward_reader(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, pos
 
 @without_gc
 def plan_swaps(
-    graph: Graph,
-    anatomy: StepAnatomy,
-    timing: Timing,
-    order: Sequence[str],
+    analysis: StepAnalysis,
     budget_bytes: int,
     *,
+    target_bytes: Optional[int] = None,
+    baseline: Optional[Baseline] = None,
     machine: MachineModel = MachineModel(),
-    scratch_bytes: Mapping[str, int] | None = None,
     min_swap_bytes: int = 64 << 10,
     allocator: str = "bfc",
-    arena_bytes: int | None = None,
+    arena_bytes: Optional[int] = None,
 ) -> SwapPlan:
-    """Choose feature maps to swap so that the predicted peak fits `budget_bytes`.
+    """Choose feature maps to swap so that the predicted peak fits `target_bytes`.
 
+    budget_bytes: the caller's budget, recorded in the plan (a plan is
+    `feasible` when its predicted peak fits it). target_bytes: the peak to plan
+    for (default: the budget itself); `optimize` plans below the budget by its
+    safety margin, and its calibration may aim at the smallest achievable peak
+    even when that is over the budget, to let the device decide. baseline: the unoptimized step's
+    simulation under the same `allocator` and `arena_bytes`, when the caller
+    already has it (calibration plans several times).
     arena_bytes: the device arena's size, when known (the emulated device's
     limit): a plan whose buffers the allocator model cannot place in it, for
     fragmentation, does not fit either.
     Returns a plan without decisions when the step already fits. Raises
+    ValueError for a target that is not positive;
     InfeasibleBudgetError, naming the smallest achievable peak and the op that
-    sets it, when swapping every candidate is not enough.
+    sets it, when swapping every candidate is not enough; ArenaFragmentationError
+    when the bytes fit but the allocator model cannot place them in the arena.
     """
-
-    def peak(events=()) -> tuple[MemoryTrace, bool]:
-        """The simulated trace and whether the allocator model placed every buffer in the arena."""
-        limit = arena_bytes if allocator == "bfc" else None
-        try:
-            return simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes,
-                            limit_bytes=limit), True
-        except OutOfMemory:
-            return simulate(graph, order, events, allocator=allocator, scratch_bytes=scratch_bytes), False
-
-    before, placed = peak()
-    if before.peak_bytes <= budget_bytes and placed:
-        return SwapPlan(budget_bytes, before.peak_bytes, before.peak_bytes,
+    target_bytes = budget_bytes if target_bytes is None else target_bytes
+    if target_bytes <= 0:
+        raise ValueError(f"target_bytes must be positive, got {target_bytes}")
+    graph, anatomy, timing, order = analysis.graph, analysis.anatomy, analysis.timing, analysis.order
+    if baseline is None:
+        baseline = simulate_baseline(analysis, allocator=allocator, arena_bytes=arena_bytes)
+    before = baseline.trace
+    if before.peak_bytes <= target_bytes and baseline.placed:
+        return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=("the step already fits the budget: returned unchanged",))
 
     device = before.busiest()
@@ -151,16 +170,16 @@ def plan_swaps(
     candidates, skipped = _candidates(graph, anatomy, timing, before, machine, min_swap_bytes, position, triggers)
 
     chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
-    target = budget_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
-    after = before
+    live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
+    after, placed = before, baseline.placed
     forced = 1
     for _ in range(_MAX_ROUNDS):
-        added = _select(candidates, chosen, tree, target - device.tensor_persistent_bytes)
-        plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing)
-        after, placed = peak(swap_events(plan, graph, order, anatomy))
-        if (after.peak_bytes <= budget_bytes and placed) or len(chosen) == len(candidates):
+        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes)
+        plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing)
+        after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
+        if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates):
             break
-        if after.peak_bytes <= budget_bytes or not added:
+        if after.peak_bytes <= target_bytes or not added:
             # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
             # exact model's peak is left while the allocator model's peak is still over: swap the next
             # longest-lived candidates wherever they are live, to thin out large buffers (twice as
@@ -171,21 +190,23 @@ def plan_swaps(
             forced *= 2
         else:
             forced = 1
-        if after.peak_bytes > budget_bytes:
-            target -= max(after.peak_bytes - budget_bytes, budget_bytes // 20)
-    plan = _plan(budget_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
-    if not placed and plan.feasible:
-        raise InfeasibleBudgetError(
-            f"the allocator model cannot place the step's buffers in the {arena_bytes / _MB:.1f} MB arena even "
-            f"with {len(chosen)} swaps (predicted peak {after.peak_bytes / _MB:.1f} MB; fragmentation). "
-            "Raise the budget or reduce the batch size."
+        if after.peak_bytes > target_bytes:
+            live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
+    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
+    planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
+    if after.peak_bytes <= target_bytes and not placed:
+        raise ArenaFragmentationError(
+            f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
+            f"with {len(chosen)} swaps (fragmentation; predicted peak {after.peak_bytes / MIB:.1f} MB); "
+            f"{planned_for}. Raise the budget or reduce the batch size.",
+            smallest_peak_bytes=after.peak_bytes,
         )
-    if not plan.feasible:
+    if after.peak_bytes > target_bytes:
         busiest = after.busiest()
         op = graph.node(after.order[busiest.peak_step])
         raise InfeasibleBudgetError(
-            f"smallest achievable peak is {after.peak_bytes / _MB:.1f} MB ({op.op} {op.name!r}); "
-            f"budget was {budget_bytes / _MB:.1f} MB. Raise the budget or reduce the batch size.",
+            f"smallest achievable peak is {after.peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
+            f"{planned_for}. Raise the budget or reduce the batch size.",
             smallest_peak_bytes=after.peak_bytes,
         )
     return plan
@@ -248,7 +269,7 @@ def _select(candidates, chosen, tree: _MaxTree, target_live_bytes: int) -> int:
     return added
 
 
-def _plan(budget_bytes, before, chosen, skipped, candidates, timing, peak_after=None) -> SwapPlan:
+def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, peak_after=None) -> SwapPlan:
     decisions = tuple(chosen[ref][2] for ref, *_ in candidates if ref in chosen)
     unused = tuple(
         SkippedCandidate(ref, d.size_bytes, "not needed: the peak fit without it")
@@ -259,6 +280,7 @@ def _plan(budget_bytes, before, chosen, skipped, candidates, timing, peak_after=
     )
     return SwapPlan(
         budget_bytes=budget_bytes,
+        target_bytes=target_bytes,
         predicted_peak_before_bytes=before.peak_bytes,
         predicted_peak_after_bytes=before.peak_bytes if peak_after is None else peak_after,
         decisions=decisions,

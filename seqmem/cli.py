@@ -1,4 +1,16 @@
-"""The `seqmem` command line: `seqmem demo` and `seqmem accuracy`."""
+"""seqmem: fit a TensorFlow training step into a device-memory budget.
+
+Every command measures on an emulated device (the CPU with a bounded memory
+arena, see `seqmem.device`) in a fresh process per budget; MODEL is a saved,
+compiled Keras model (`model.save("m.keras")` after `model.compile(...)`) or a
+built-in example, `example:mlp`, `example:cnn`, `example:resnet`, `example:lstm`.
+
+  seqmem profile MODEL --batch 64                     predicted vs measured peak, memory curve (--png)
+  seqmem plan MODEL --batch 256 --budget-mb 200       the swap plan that fits the budget (--json, --png),
+                                                      and with --largest-batch B_base vs B_opt
+  seqmem accuracy                                     the simulator's accuracy on the built-in examples
+  seqmem demo                                         a tour of the above in a few minutes
+"""
 
 from __future__ import annotations
 
@@ -7,118 +19,199 @@ import os
 import sys
 import time
 
-__all__ = ["main", "train_example"]
+from seqmem.examples import EXAMPLE_NAMES
+from seqmem.units import MIB
 
-_MB = 1 << 20
+__all__ = ["main"]
 
-
-def _demo(args: argparse.Namespace) -> int:
-    from seqmem.accuracy import measure_accuracy, format_table
-    from seqmem.device import run_with_budget
-
-    os.makedirs(args.out, exist_ok=True)
-    plot_path = os.path.join(args.out, f"memory-{args.example}.png")
-    print(f"profiling the built-in '{args.example}' step (batch {args.batch}) on an emulated "
-          f"{args.budget_mb} MB device ...", flush=True)
-    run = run_with_budget(_profile_and_plot, args.example, args.batch, plot_path, budget_mb=args.budget_mb)
-    if not run.ok:
-        print(f"profiling failed ({run.verdict}): {run.message}", file=sys.stderr)
-        return 1
-    print(run.value)
-    print(f"wrote {plot_path}\n")
-    print("simulator accuracy, each example in a fresh emulated-device process:", flush=True)
-    started = time.time()
-    print(format_table(measure_accuracy()))
-    print(f"({time.time() - started:.0f} s)\n")
-    return _optimize_demo(args.optimize_example, args.optimize_batch, args.optimize_budget_mb)
+_EXAMPLE_PREFIX = "example:"
 
 
-def _optimize_demo(example: str, batch: int, budget_mb: int) -> int:
-    from seqmem.device import run_with_budget
-
-    print(f"seqmem.optimize: the '{example}' step at batch {batch} on an emulated {budget_mb} MB device", flush=True)
-    baseline = run_with_budget(train_example, example, batch, budget_mb, False, budget_mb=budget_mb)
-    print(f"  without seqmem: {baseline.verdict}"
-          + (f", measured peak {baseline.value[0] / _MB:.1f} MB" if baseline.ok else ""))
-    optimized = run_with_budget(train_example, example, batch, budget_mb, True, budget_mb=budget_mb)
-    if not optimized.ok:
-        print(f"  with seqmem: {optimized.verdict}: {optimized.message}", file=sys.stderr)
-        return 1
-    peak, plan_summary = optimized.value
-    print(f"  with seqmem: trains, measured peak {peak / _MB:.1f} MB (two steps)")
-    print("  " + plan_summary.replace("\n", "\n  "))
-    return 0
+def _model_source(text: str) -> str:
+    if text.startswith(_EXAMPLE_PREFIX):
+        if text[len(_EXAMPLE_PREFIX):] not in EXAMPLE_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown example {text!r}; choose one of "
+                                             + ", ".join(_EXAMPLE_PREFIX + n for n in EXAMPLE_NAMES))
+        return text
+    if not text.endswith(".keras"):
+        raise argparse.ArgumentTypeError(f"MODEL must be a saved .keras file or example:NAME, got {text!r}")
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return os.path.abspath(text)
 
 
-def train_example(example: str, batch: int, budget_mb: int, optimized: bool, safety_margin: float = 0.3):
-    """Child process: two training steps of a built-in example, optionally optimized for `budget_mb`.
-
-    Returns (measured peak bytes, the plan's summary or "").
-    """
-    from seqmem import device
-    from seqmem.examples import build_example
-    from seqmem.optimizer import optimize
-
-    built = build_example(example, batch)
-    step = built.step
-    if optimized:
-        step = optimize(built.step, budget_mb, input_signature=built.input_specs, safety_margin=safety_margin)
-    inputs = built.make_inputs(0)
-    for _ in range(2):
-        step(*inputs).numpy()
-    return device.memory_stats().peak_bytes, step.plan.summary() if optimized else ""
-
-
-def _profile_and_plot(example: str, batch: int, plot_path: str) -> str:
-    from seqmem.examples import build_example
-    from seqmem.profiling import profile
-
-    step = build_example(example, batch)
-    result = profile(step.step, *step.make_inputs(0))
-    result.plot(plot_path, title=f"{example}, batch {batch}: predicted live memory over one step")
-    return result.summary()
-
-
-def _accuracy(args: argparse.Namespace) -> int:
-    from seqmem.accuracy import DEFAULT_CASES, format_table, measure_accuracy
-
-    cases = args.case or DEFAULT_CASES
-    print(format_table(measure_accuracy(cases, budget_mb=args.budget_mb)))
-    return 0
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _parse_case(text: str) -> tuple[str, int]:
-    from seqmem.examples import EXAMPLES
-
     name, _, batch = text.partition(":")
-    if name not in EXAMPLES or not batch.isdigit() or int(batch) < 1:
-        raise argparse.ArgumentTypeError(f"expected EXAMPLE:BATCH with EXAMPLE in {sorted(EXAMPLES)}, got {text!r}")
+    if name not in EXAMPLE_NAMES or not batch.isdigit() or int(batch) < 1:
+        raise argparse.ArgumentTypeError(f"expected EXAMPLE:BATCH with EXAMPLE in {list(EXAMPLE_NAMES)}, got {text!r}")
     return name, int(batch)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from seqmem.examples import EXAMPLES
+class _Stage:
+    """Prints what runs and, when it ends, how long it took (stages run in child processes)."""
 
-    parser = argparse.ArgumentParser(prog="seqmem", description=__doc__)
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __enter__(self) -> "_Stage":
+        print(f"{self.text} ...", flush=True)
+        self.started = time.time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        print(f"  ({time.time() - self.started:.0f} s)", flush=True)
+
+
+def _fail(run, what: str) -> int:
+    last_line = (run.message.strip().splitlines() or [""])[-1]
+    print(f"error: {what} failed ({run.verdict}): {last_line}", file=sys.stderr)
+    return 1
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from seqmem import cli_jobs
+    from seqmem.runtime.device import run_with_budget
+
+    with _Stage(f"profiling {args.model} at batch {args.batch} on an emulated {args.device_mb} MB device"):
+        run = run_with_budget(cli_jobs.profile_step, args.model, args.batch, args.png, budget_mb=args.device_mb)
+    if not run.ok:
+        return _fail(run, "profiling")
+    print(run.value)
+    if args.png:
+        print(f"wrote {args.png}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from seqmem import cli_jobs
+    from seqmem.runtime.device import run_with_budget
+
+    with _Stage(f"planning {args.model} at batch {args.batch} for an emulated {args.budget_mb} MB device"):
+        run = run_with_budget(cli_jobs.plan_step, args.model, args.batch, args.budget_mb, args.json, args.png,
+                              args.safety_margin, budget_mb=args.budget_mb)
+    if not run.ok:
+        return _fail(run, "planning")
+    trained_peak, summary = run.value
+    print(summary)
+    print(f"trained two steps with the plan: measured peak {trained_peak / MIB:.1f} MB")
+    for path in (args.json, args.png):
+        if path:
+            print(f"wrote {path}")
+    if args.largest_batch:
+        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin)
+    return 0
+
+
+def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, safety_margin: float) -> None:
+    """Print the largest batch that trains two steps without and with seqmem (real OOM, a process per probe)."""
+    from tqdm import tqdm
+
+    from seqmem import cli_jobs
+    from seqmem.bench.batch_search import largest_batch
+    from seqmem.bench.workload import Workload, trains
+
+    found = {}
+    for label, optimized in (("without seqmem", False), ("with seqmem", True)):
+        workload = Workload(cli_jobs.model_step, (("source", model),), optimized, budget_mb, safety_margin)
+        with tqdm(desc=f"largest batch {label}", unit="probe", file=sys.stdout) as progress:
+            search = largest_batch(trains, workload, budget_mb=budget_mb, limit=max_batch,
+                                   start=min(max(found.get("without seqmem", start), 1), max_batch), precision=0.1,
+                                   on_probe=lambda batch, verdict: progress.set_postfix_str(f"{batch}: {verdict}")
+                                   or progress.update(1))
+        found[label] = search.batch
+        for note in search.notes:
+            print(f"  note: {note}")
+    base, opt = found["without seqmem"], found["with seqmem"]
+    ratio = f" ({opt / base:.2f}x)" if base else ""
+    print(f"largest batch under {budget_mb} MB (within 10%): without seqmem {base}, with seqmem {opt}{ratio}")
+
+
+def _accuracy(args: argparse.Namespace) -> int:
+    from seqmem.examples.accuracy import DEFAULT_CASES, format_table, measure_accuracy
+
+    cases = args.case or DEFAULT_CASES
+    with _Stage(f"profiling {len(cases)} built-in steps, each in a fresh {args.device_mb} MB emulated device"):
+        rows = measure_accuracy(cases, budget_mb=args.device_mb)
+    print(format_table(rows))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    png = os.path.join(args.out, "memory-cnn.png")
+    steps = [
+        argparse.Namespace(model="example:cnn", batch=64, device_mb=4096, png=png),
+        argparse.Namespace(model="example:resnet", batch=256, budget_mb=200, json=os.path.join(args.out, "plan.json"),
+                           png=os.path.join(args.out, "plan-resnet.png"), safety_margin=0.3, largest_batch=True,
+                           max_batch=2048),
+    ]
+    print("1/3: profile a built-in step (a CNN) and measure its peak")
+    if _profile(steps[0]):
+        return 1
+    print("\n2/3: a step that runs out of memory under 200 MB (ResNet-14, batch 256), without and with seqmem")
+    if _baseline_oom(steps[1]):
+        return 1
+    print("\n3/3: the plan that fits it, then the largest batch without and with seqmem")
+    return _plan(steps[1])
+
+
+def _baseline_oom(args: argparse.Namespace) -> int:
+    from seqmem import cli_jobs
+    from seqmem.bench.workload import Workload, trains
+    from seqmem.runtime.device import run_with_budget
+
+    with _Stage(f"training {args.model} at batch {args.batch} without seqmem on an emulated {args.budget_mb} MB "
+                "device"):
+        run = run_with_budget(trains, args.batch, Workload(cli_jobs.model_step, (("source", args.model),), False,
+                                                           args.budget_mb), budget_mb=args.budget_mb)
+    print(f"  without seqmem: {'trains' if run.ok else run.verdict}")
+    return 0 if run.verdict in ("ok", "oom") else _fail(run, "training without seqmem")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqmem", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="profile a built-in step, plot its memory curve, print simulator accuracy")
-    demo.add_argument("--example", choices=sorted(EXAMPLES), default="cnn")
-    demo.add_argument("--batch", type=int, default=64)
-    demo.add_argument("--budget-mb", type=int, default=4096, help="emulated device memory (MiB)")
-    demo.add_argument("--out", default="demo-output", help="folder for the plot")
-    demo.add_argument("--optimize-example", choices=sorted(EXAMPLES), default="resnet")
-    demo.add_argument("--optimize-batch", type=int, default=256)
-    demo.add_argument("--optimize-budget-mb", type=int, default=200, help="emulated device for the optimize demo")
-    demo.set_defaults(run=_demo)
-    accuracy = commands.add_parser("accuracy", help="predicted vs measured peak on the emulated device")
+    profile = commands.add_parser("profile", help="predicted and measured peak of one training step")
+    profile.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")
+    profile.add_argument("--batch", type=_positive_int, required=True)
+    profile.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device to measure on (MiB)")
+    profile.add_argument("--png", help="write the predicted memory curve here")
+    profile.set_defaults(run=_profile)
+    plan = commands.add_parser("plan", help="the swap plan that fits a budget, trained two steps on it")
+    plan.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")
+    plan.add_argument("--batch", type=_positive_int, required=True)
+    plan.add_argument("--budget-mb", type=_positive_int, required=True, help="the budget, and the emulated device (MiB)")
+    plan.add_argument("--safety-margin", type=float, default=0.2, help="plan this fraction below the budget")
+    plan.add_argument("--json", help="write the plan as JSON here")
+    plan.add_argument("--png", help="write the predicted memory curves, before and after, here")
+    plan.add_argument("--largest-batch", action="store_true",
+                      help="also find the largest batch that trains without and with seqmem (minutes)")
+    plan.add_argument("--max-batch", type=_positive_int, default=4096, help="upper limit of --largest-batch")
+    plan.set_defaults(run=_plan)
+    accuracy = commands.add_parser("accuracy", help="predicted vs measured peak of the built-in examples")
     accuracy.add_argument("--case", action="append", type=_parse_case,
                           help="EXAMPLE:BATCH (repeatable); default: one batch per example")
-    accuracy.add_argument("--budget-mb", type=int, default=4096)
+    accuracy.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device (MiB)")
     accuracy.set_defaults(run=_accuracy)
+    demo = commands.add_parser("demo", help="profile, plan and batch search on built-in examples (a few minutes)")
+    demo.add_argument("--out", default="demo-output", help="folder for the plot and the plan")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    sizes = [getattr(args, name, 1) for name in ("batch", "budget_mb", "optimize_batch", "optimize_budget_mb")]
-    if min(sizes) < 1:
-        parser.error("batch sizes and budgets must be positive")
+    if getattr(args, "safety_margin", 0.0) is not None and not 0 <= getattr(args, "safety_margin", 0.0) < 1:
+        parser.error(f"--safety-margin must be in [0, 1), got {args.safety_margin}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter in the child processes
     return args.run(args)
 
 

@@ -9,7 +9,7 @@ Costs come from one of two sources:
 - `static_costs`: from shapes. Contractions (MatMul, BatchMatMul, Conv2D, Conv3D
   and their gradients) cost FLOPs / `MachineModel.flops_per_s`; every other op
   costs the bytes it reads and writes / `MachineModel.memory_bytes_per_s`.
-- `measured_costs`: per-node times from a profiled run (see `seqmem.op_trace`).
+- `measured_costs`: per-node times from a profiled run (see `seqmem.edge.op_trace`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from seqmem.graph import Graph, Node, TensorRef
+from seqmem.ir.graph import Graph, Node, TensorRef
 
 __all__ = [
     "MachineModel",

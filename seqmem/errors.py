@@ -1,9 +1,16 @@
-"""Error types raised by seqmem, each with a message that says what to do."""
+"""Every error type seqmem raises on purpose, each with a message that says what to do."""
+
+from __future__ import annotations
+
+from typing import Optional
 
 __all__ = [
+    "ArenaFragmentationError",
     "GraphError",
+    "InfeasibleBudgetError",
     "NoBackwardPassError",
     "SeqmemError",
+    "SimulatedOutOfMemoryError",
     "TensorFlowAlreadyInitializedError",
     "UnknownShapeError",
 ]
@@ -27,3 +34,28 @@ class UnknownShapeError(SeqmemError, ValueError):
 
 class TensorFlowAlreadyInitializedError(SeqmemError, RuntimeError):
     """The emulated device was requested after TensorFlow had already started."""
+
+
+class InfeasibleBudgetError(SeqmemError, ValueError):
+    """No plan fits the step into the budget.
+
+    smallest_peak_bytes: the lowest peak any plan reaches, predicted by the
+    simulator; measured_peak_bytes: the lowest peak measured on the device,
+    when calibration measured one (None otherwise).
+    """
+
+    def __init__(self, message: str, smallest_peak_bytes: Optional[int] = None,
+                 measured_peak_bytes: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.smallest_peak_bytes = smallest_peak_bytes
+        self.measured_peak_bytes = measured_peak_bytes
+
+
+class ArenaFragmentationError(InfeasibleBudgetError):
+    """The plan's bytes fit the budget, but the allocator model cannot place its
+    buffers in the arena (fragmentation): a limit of the model, which a device
+    measurement can overrule."""
+
+
+class SimulatedOutOfMemoryError(SeqmemError):
+    """The allocator model cannot place a request within its memory limit."""

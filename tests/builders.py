@@ -1,6 +1,6 @@
 """Tiny hand-built graphs for unit tests (no TensorFlow)."""
 
-from seqmem.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 
 
 def tensor(size_bytes, shape=None, dtype="float32"):

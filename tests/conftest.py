@@ -1,5 +1,5 @@
 """Test set-up: the test process itself runs on the plain CPU (no emulated device);
-tests that measure memory do it in fresh processes through seqmem.device."""
+tests that measure memory do it in fresh processes through seqmem.runtime.device."""
 
 import os
 

@@ -2,7 +2,7 @@ import pytest
 
 from seqmem.anatomy import analyze_step
 from seqmem.errors import GraphError, NoBackwardPassError
-from seqmem.graph import TensorInfo, TensorRef
+from seqmem.ir.graph import TensorInfo, TensorRef
 from tests.builders import graph, node, training_graph
 
 

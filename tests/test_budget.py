@@ -2,11 +2,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqmem.anatomy import analyze_step
-from seqmem.budget import InfeasibleBudgetError, plan_swaps
-from seqmem.critical_path import analyze_timing, static_costs
-from seqmem.graph import Node, TensorInfo, TensorRef
-from seqmem.memory import schedule
+from seqmem.analysis import analyze_graph
+from seqmem.budget import plan_swaps
+from seqmem.errors import InfeasibleBudgetError
+from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import rewrite
 from tests.builders import graph, node
@@ -41,23 +40,21 @@ def mlp_like(layers=4, size=MB):
 
 
 def _analysis(g):
-    anatomy = analyze_step(g)
-    timing = analyze_timing(g, static_costs(g), anatomy.loss.node)
-    return anatomy, timing, schedule(g, timing)
+    return analyze_graph(g)
 
 
 def test_already_fitting_step_is_left_alone():
     g = mlp_like()
-    plan = plan_swaps(g, *_analysis(g), budget_bytes=100 * MB, allocator="exact")
+    plan = plan_swaps(_analysis(g), budget_bytes=100 * MB, allocator="exact")
     assert not plan.decisions and plan.feasible and "already fits" in plan.notes[0]
     assert rewrite(g, plan, IdentityBackend()) is g
 
 
 def test_swaps_longest_lived_first_and_fits_budget():
     g = mlp_like(layers=6)
-    anatomy, timing, order = _analysis(g)
-    before = plan_swaps(g, anatomy, timing, order, budget_bytes=100 * MB, allocator="exact")
-    plan = plan_swaps(g, anatomy, timing, order, budget_bytes=before.predicted_peak_before_bytes - 2 * MB,
+    analysis = _analysis(g)
+    before = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact")
+    plan = plan_swaps(analysis, budget_bytes=before.predicted_peak_before_bytes - 2 * MB,
                       allocator="exact")
     assert plan.feasible and plan.predicted_peak_after_bytes <= plan.budget_bytes
     assert plan.decisions[0].tensor == TensorRef("f1")     # farthest from the loss
@@ -67,8 +64,8 @@ def test_swaps_longest_lived_first_and_fits_budget():
 
 def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
     g = mlp_like(layers=6)
-    anatomy, timing, order = _analysis(g)
-    plan = plan_swaps(g, anatomy, timing, order, budget_bytes=5 * MB, allocator="exact")
+    analysis = _analysis(g)
+    plan = plan_swaps(analysis, budget_bytes=5 * MB, allocator="exact")
     new = rewrite(g, plan, IdentityBackend())
     new.validate()
     for decision in plan.decisions:
@@ -83,12 +80,12 @@ def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
 def test_infeasible_budget_names_the_minimum_and_the_op():
     g = mlp_like()
     with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"):
-        plan_swaps(g, *_analysis(g), budget_bytes=MB // 2, allocator="exact")
+        plan_swaps(_analysis(g), budget_bytes=MB // 2, allocator="exact")
 
 
 def test_plan_json_round_trip():
     g = mlp_like(layers=6)
-    plan = plan_swaps(g, *_analysis(g), budget_bytes=5 * MB, allocator="exact")
+    plan = plan_swaps(_analysis(g), budget_bytes=5 * MB, allocator="exact")
     assert SwapPlan.from_json(plan.to_json()) == plan
     assert "tensors swapped" in plan.summary()
 
@@ -115,14 +112,14 @@ def training_chains(draw):
 @given(training_chains())
 def test_random_plans_are_acyclic_deterministic_and_honest(case):
     g, fraction = case
-    anatomy, timing, order = _analysis(g)
-    peak = plan_swaps(g, anatomy, timing, order, budget_bytes=1 << 40, allocator="exact").predicted_peak_before_bytes
+    analysis = _analysis(g)
+    peak = plan_swaps(analysis, budget_bytes=1 << 40, allocator="exact").predicted_peak_before_bytes
     budget = int(peak * fraction)
     try:
-        plan = plan_swaps(g, anatomy, timing, order, budget_bytes=budget, allocator="exact")
+        plan = plan_swaps(analysis, budget_bytes=budget, allocator="exact")
     except InfeasibleBudgetError:
         return
-    assert plan == plan_swaps(g, anatomy, timing, order, budget_bytes=budget, allocator="exact")
+    assert plan == plan_swaps(analysis, budget_bytes=budget, allocator="exact")
     assert plan.predicted_peak_after_bytes <= budget
     new = rewrite(g, plan, IdentityBackend())
     new.validate()

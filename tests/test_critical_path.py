@@ -1,7 +1,7 @@
 import pytest
 
 from seqmem.critical_path import MachineModel, analyze_timing, contraction_flops, measured_costs, static_costs
-from seqmem.graph import TensorInfo
+from seqmem.ir.graph import TensorInfo
 from tests.builders import graph, node, training_graph
 
 UNIT_COSTS = {"x": 0.0, "w": 0.0, "ones": 0.0, "f1": 1.0, "f2": 1.0, "loss": 1.0,

@@ -32,22 +32,24 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from seqmem.batch_search import extrapolated_batch, largest_batch
-from seqmem.device import run_with_budget
-from seqmem.reporting import ratio, save_figure, write_json
+from seqmem.bench.batch_search import extrapolated_batch, largest_batch
+from seqmem.bench.report import ratio, value_or_verdict
+from seqmem.bench.workload import Workload, trains
+from seqmem.bench.workload import measure as measure_workload
+from seqmem.files import save_figure, write_json
+from seqmem.runtime.device import run_with_budget
+from seqmem.units import MIB
 
 VARIANTS = {"base": ("tfa", False), "swap": ("tfa", True), "efficient": ("efficient", False), "both": ("efficient", True)}
-_MB = 1 << 20
 
 
-def training_step(variant: str, batch: int, time_steps: int, units: int, vocab: int):
-    """(training step, inputs, input specs) of the NMT model for `variant`'s attention."""
+def training_step(batch: int, time_steps: int, units: int, vocab: int, attention: str = "tfa"):
+    """(training step, inputs, input specs) of the NMT model with `attention` ("tfa" or "efficient")."""
     import tensorflow as tf
 
     from models.nmt.model import NMTConfig, NMTModel, make_train_step
 
     tf.keras.utils.set_random_seed(0)
-    attention, _ = VARIANTS[variant]
     model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention))
     rng = np.random.default_rng(0)
     tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)), tf.int32)  # noqa: E731
@@ -56,53 +58,29 @@ def training_step(variant: str, batch: int, time_steps: int, units: int, vocab: 
     return make_train_step(model), inputs, [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
 
 
-def _runnable(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int):
-    """(callable step, inputs, predicted peak bytes, swaps); swapping variants are optimized for `budget_mb`."""
-    step, inputs, specs = training_step(variant, batch, time_steps, units, vocab)
-    if VARIANTS[variant][1]:
-        from seqmem.optimizer import optimize
-
-        optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
-        return optimized, inputs, optimized.plan.predicted_peak_after_bytes, len(optimized.plan.decisions)
-    from seqmem.analysis import predicted_peak_bytes
-
-    return step, inputs, predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True), 0
+def workload(variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> Workload:
+    """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
+    attention, swapping = VARIANTS[variant]
+    options = (("time_steps", time_steps), ("units", units), ("vocab", vocab), ("attention", attention))
+    return Workload(training_step, options, optimized=swapping, budget_mb=budget_mb)
 
 
 def predicted_base_batch(time_steps: int, units: int, vocab: int, budget_mb: int) -> int:
     """Child process: the batch at which seqmem predicts the base step's peak reaches the budget
     (peaks at batch 1 and 2, extrapolated linearly): where the search for B_base starts."""
-    from seqmem.analysis import predicted_peak_bytes
+    from seqmem.runtime.step_analysis import predicted_peak_bytes
 
     peaks = []
     for batch in (1, 2):
-        step, _, specs = training_step("base", batch, time_steps, units, vocab)
+        step, _, specs = training_step(batch, time_steps, units, vocab)
         peaks.append(predicted_peak_bytes(step.get_concrete_function(*specs)))
-    return extrapolated_batch(peaks[0], peaks[1], budget_mb * _MB)
+    return extrapolated_batch(peaks[0], peaks[1], budget_mb * MIB)
 
 
-def trains(batch: int, variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> bool:
-    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
-    from seqmem.budget import InfeasibleBudgetError
-
-    try:
-        step, inputs, _, _ = _runnable(variant, batch, time_steps, units, vocab, budget_mb)
-    except InfeasibleBudgetError:
-        return False
-    return all(np.isfinite(float(step(*inputs))) for _ in range(2))
-
-
-def measure(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int,
-            steps: int = 3) -> dict[str, Any]:
-    """Child process: highest measured peak and median step time of `steps` steps after a warm-up,
-    the predicted peak, swaps, target tokens per second."""
-    from seqmem.execution import timed_steps
-
-    step, inputs, predicted, swaps = _runnable(variant, batch, time_steps, units, vocab, budget_mb)
-    peaks, seconds = timed_steps(step, inputs, steps)
-    median_s = sorted(seconds)[len(seconds) // 2]
-    return {"peak_bytes": max(peaks), "predicted_peak_bytes": predicted, "swaps": swaps, "median_step_s": median_s,
-            "tokens_per_s": batch * time_steps / median_s}
+def measure(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int) -> dict[str, Any]:
+    """Child process: `seqmem.bench.workload.measure` of a variant, with its throughput in target tokens/s."""
+    measured = measure_workload(batch, workload(variant, time_steps, units, vocab, budget_mb))
+    return {**measured, "tokens_per_s": batch * time_steps / measured["median_step_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
     parser.add_argument("--jobs", type=int, default=2, help="probe processes run side by side in batch searches")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated variants to run, base among them (default: all four)")
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if "base" not in variants or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants must name base and any of {list(VARIANTS)}, got {args.variants!r}")
     if args.quick:
         args.time_steps, args.units, args.vocab, args.budget_mb = "30", 64, 200, 128
         args.max_batch = min(args.max_batch, 512)
@@ -145,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(1)
 
             def search(variant, start):
-                return largest_batch(bench.trains, variant, steps, *model, args.budget_mb, budget_mb=args.budget_mb,
+                return largest_batch(trains, bench.workload(variant, steps, *model, args.budget_mb),
+                                     budget_mb=args.budget_mb,
                                      limit=args.max_batch, start=min(max(start, 1), args.max_batch),
                                      precision=args.precision, timeout_s=args.timeout_s,
                                      on_probe=lambda batch, verdict: progress.update(1))
@@ -153,16 +137,16 @@ def main(argv: list[str] | None = None) -> int:
             found = {"base": search("base", guess.value if guess.ok else 1)}
             base = found["base"].batch
             # the other variants start from B_base and are independent: probe them side by side
+            others = [v for v in VARIANTS if v in variants and v != "base"]
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-                found.update(zip(("swap", "efficient", "both"),
-                                 pool.map(lambda variant: search(variant, base), ("swap", "efficient", "both"))))
-            for variant in VARIANTS:
+                found.update(zip(others, pool.map(lambda variant: search(variant, base), others)))
+            for variant in found:
                 row["batch"][variant], row["notes"][variant] = found[variant].batch, found[variant].notes
-            for variant in VARIANTS if base else ():
+            for variant in found if base else ():
                 run = run_with_budget(bench.measure, variant, base, steps, *model, args.budget_mb,
                                       budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s)
                 progress.update(1)
-                row["at_base"][variant] = run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
+                row["at_base"][variant] = value_or_verdict(run)
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "nmt-benchmark.json"))  # each row as soon as it is measured
 
@@ -181,7 +165,8 @@ def format_report(report: dict[str, Any]) -> str:
              "| T | B_base (tfa) | swap | efficient attention | both |", "|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
         batch = row["batch"]
-        cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" for v in ("swap", "efficient", "both")]
+        cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
+                                        for v in ("swap", "efficient", "both")]
         lines.append(f"| {row['time_steps']} | " + " | ".join(cells) + " |")
     lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, swaps, "
                   "target tokens/s (vs base)",
@@ -193,11 +178,11 @@ def format_report(report: dict[str, Any]) -> str:
         reference = measured["base"].get("tokens_per_s")
         cells = []
         for variant in VARIANTS:
-            cell = measured[variant]
+            cell = measured.get(variant, {"error": "-"})
             if "error" in cell:
                 cells.append(cell["error"])
             else:
-                cells.append(f"{cell['peak_bytes'] / _MB:.0f} ({cell['predicted_peak_bytes'] / _MB:.0f}), "
+                cells.append(f"{cell['peak_bytes'] / MIB:.0f} ({cell['predicted_peak_bytes'] / MIB:.0f}), "
                              f"{cell['swaps']} swaps, {cell['tokens_per_s']:.0f} tok/s "
                              f"({ratio(cell['tokens_per_s'], reference)})")
         lines.append(f"| {row['time_steps']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
@@ -216,7 +201,7 @@ def _plot(report: dict[str, Any], path: str) -> str:
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     steps = [row["time_steps"] for row in report["rows"]]
-    for variant in VARIANTS:
+    for variant in report["rows"][0]["batch"] if report["rows"] else ():
         axes.plot(steps, [max(row["batch"][variant], 0.5) for row in report["rows"]], marker="o", label=variant)
     axes.set_yscale("log")
     axes.set_xlabel("time steps T (source and target)")

@@ -62,11 +62,11 @@ def _parse(argv):
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.memory_budget_mb:
-        from seqmem.device import configure_emulated_device
+        from seqmem.runtime.device import configure_emulated_device
 
         configure_emulated_device(args.memory_budget_mb)
     from models.nmt.training import TrainingRun, corpus_pairs
-    from seqmem.reporting import write_json
+    from seqmem.files import write_json
 
     os.makedirs(args.out, exist_ok=True)
     try:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from seqmem.budget import InfeasibleBudgetError
+    from seqmem.errors import InfeasibleBudgetError
 
     run = TrainingRun(args, train_pairs, valid_pairs)
     started = time.time()

@@ -80,7 +80,7 @@ class TrainingRun:
             return self._train_step
         key = tuple(tuple(t.shape) for t in batch)
         if key not in self._optimized:
-            from seqmem.optimizer import optimize
+            from seqmem.runtime.optimize import optimize
 
             specs = [tf.TensorSpec(t.shape, t.dtype) for t in batch]
             self._optimized[key] = optimize(self._train_step, self.args.memory_budget_mb, input_signature=specs,

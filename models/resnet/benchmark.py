@@ -29,23 +29,26 @@ from typing import Any
 
 from tqdm import tqdm
 
-from seqmem.batch_search import extrapolated_batch, largest_batch
-from seqmem.device import run_with_budget
-from seqmem.reporting import ratio, save_figure, write_json
+from seqmem.bench.batch_search import extrapolated_batch, largest_batch
+from seqmem.bench.report import ratio, value_or_verdict
+from seqmem.bench.workload import Workload, trains
+from seqmem.bench.workload import measure as measure_workload
+from seqmem.files import write_json
+from seqmem.runtime.device import run_with_budget
+from seqmem.units import MIB
 
 VARIANTS = ("baseline", "seqmem", "recompute")
-_MB = 1 << 20
 
 
-def training_step(variant: str, depth: int, batch: int, image_size: int, classes: int):
-    """(step, inputs, input specs) of one ResNet training step; seqmem's step is optimized later."""
+def training_step(batch: int, depth: int, image_size: int, classes: int, recompute: bool = False):
+    """(step, inputs, input specs) of one ResNet training step; `recompute`: tf.recompute_grad per block."""
     import tensorflow as tf
 
     from models.resnet.data import synthetic_batch
     from models.resnet.model import resnet
 
     tf.keras.utils.set_random_seed(0)
-    model = resnet(depth, image_size, classes, recompute=variant == "recompute")
+    model = resnet(depth, image_size, classes, recompute=recompute)
     optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
     specs = (tf.TensorSpec([batch, image_size, image_size, 3]), tf.TensorSpec([batch], tf.int32))
 
@@ -60,46 +63,17 @@ def training_step(variant: str, depth: int, batch: int, image_size: int, classes
     return step, synthetic_batch(batch, image_size, classes), specs
 
 
-def _runnable(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int):
-    """(callable step, inputs, predicted peak bytes, plan or None); seqmem plans for `budget_mb`."""
-    step, inputs, specs = training_step(variant, depth, batch, image_size, classes)
-    if variant == "seqmem":
-        from seqmem.optimizer import optimize
-
-        optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
-        return optimized, inputs, optimized.plan.predicted_peak_after_bytes, optimized.plan
-    from seqmem.analysis import predicted_peak_bytes
-
-    return step, inputs, predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True), None
+def workload(variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> Workload:
+    """One of VARIANTS as a benchmark workload: seqmem's step is optimized for `budget_mb`."""
+    options = (("depth", depth), ("image_size", image_size), ("classes", classes),
+               ("recompute", variant == "recompute"))
+    return Workload(training_step, options, optimized=variant == "seqmem", budget_mb=budget_mb)
 
 
-def trains(batch: int, variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> bool:
-    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
-    import math
-
-    from seqmem.budget import InfeasibleBudgetError
-
-    step, inputs, specs = training_step(variant, depth, batch, image_size, classes)
-    if variant == "seqmem":
-        from seqmem.optimizer import optimize
-
-        try:
-            step = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs)
-        except InfeasibleBudgetError:
-            return False
-    return all(math.isfinite(float(step(*inputs))) for _ in range(2))
-
-
-def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int,
-            steps: int = 3) -> dict[str, Any]:
-    """Child process: measured peaks and seconds of `steps` steps after a warm-up, the predicted peak, swaps."""
-    from seqmem.execution import timed_steps
-
-    step, inputs, predicted, plan = _runnable(variant, depth, batch, image_size, classes, budget_mb)
-    peaks, seconds = timed_steps(step, inputs, steps)
-    median_s = sorted(seconds)[len(seconds) // 2]
-    return {"peak_bytes": max(peaks), "median_step_s": median_s, "predicted_peak_bytes": predicted,
-            "swaps": len(plan.decisions) if plan else 0, "images_per_s": batch / median_s}
+def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
+    """Child process: `seqmem.bench.workload.measure` of a variant, with its throughput in images/s."""
+    measured = measure_workload(batch, workload(variant, depth, image_size, classes, budget_mb))
+    return {**measured, "images_per_s": batch / measured["median_step_s"]}
 
 
 def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
@@ -111,14 +85,14 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
     CPU's convolution kernels use about the same scratch at batch 8 and 90). Persistent memory
     (weights, optimizer slots) is counted once. Graph bounds and predictions, not measurements.
     """
-    from seqmem.analysis import analyze
-    from seqmem.graph import TensorRef
-    from seqmem.memory import simulate
+    from seqmem.ir.graph import TensorRef
+    from seqmem.runtime.step_analysis import analyze_function
+    from seqmem.sim.simulator import simulate
 
     tensor_bytes, peaks = [], []
     for batch in (1, 2):
-        step, _, specs = training_step("baseline", depth, batch, image_size, classes)
-        analysis = analyze(step.get_concrete_function(*specs), measure_scratch=batch == 2)
+        step, _, specs = training_step(batch, depth, image_size, classes)
+        analysis = analyze_function(step.get_concrete_function(*specs), measure_scratch=batch == 2)
         graph = analysis.graph
         tensor_bytes.append({
             name: sum(graph.tensor(ref).size_bytes or 0
@@ -128,7 +102,7 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
         trace = simulate(graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
         peaks.append(trace.peak_bytes)
     scratch, persistent = analysis.scratch_bytes, trace.busiest().persistent_bytes
-    budget = budget_mb * _MB - persistent
+    budget = budget_mb * MIB - persistent
     limit, limiting = None, None
     for name, at_two in tensor_bytes[1].items():
         per_image = at_two - tensor_bytes[0].get(name, at_two)
@@ -137,41 +111,19 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
             if limit is None or fits < limit:
                 limit, limiting = fits, name
     return {"batch": max(int(limit or 0), 0), "op": limiting, "persistent_bytes": persistent,
-            "predicted_base_batch": extrapolated_batch(peaks[0], peaks[1], budget_mb * _MB)}
+            "predicted_base_batch": extrapolated_batch(peaks[0], peaks[1], budget_mb * MIB)}
 
 
 def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str) -> str:
     """Child process: PNG of predicted memory over one step, baseline and seqmem's plan at the same batch."""
-    import matplotlib
+    from seqmem.budget import plan_swaps
+    from seqmem.plot import plot_plan
+    from seqmem.runtime.step_analysis import analyze_function
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from seqmem.analysis import analyze
-    from seqmem.budget import plan_swaps, swap_events
-    from seqmem.memory import simulate
-
-    step, _, specs = training_step("baseline", depth, batch, image_size, classes)
-    analysis = analyze(step.get_concrete_function(*specs))
-    args = (analysis.graph, analysis.order)
-    baseline = simulate(*args, scratch_bytes=analysis.scratch_bytes, allocator="bfc")
-    plan = plan_swaps(*args[:1], analysis.anatomy, analysis.timing, analysis.order, budget_mb * _MB,
-                      scratch_bytes=analysis.scratch_bytes)
-    optimized = simulate(*args, swap_events(plan, *args, analysis.anatomy), scratch_bytes=analysis.scratch_bytes,
-                         allocator="bfc")
-    times_ms = [1e3 * analysis.timing.start_s[name] for name in analysis.order]
-    figure, axes = plt.subplots(figsize=(8, 4.5))
-    for trace, label, color in ((baseline, "baseline", "tab:red"), (optimized, f"seqmem ({len(plan.decisions)} swaps)", "tab:blue")):
-        device = trace.busiest()
-        axes.step(times_ms, [(device.persistent_bytes + live) / _MB for live in device.live_bytes], where="post",
-                  color=color, label=f"{label}: predicted peak {trace.peak_bytes / _MB:.0f} MB")
-    axes.axhline(budget_mb, color="0.4", linestyle="--", label=f"budget {budget_mb} MB")
-    axes.set_xlabel("estimated time in step (ms)")
-    axes.set_ylabel("device memory (MB)")
-    axes.set_title(f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
-    axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    return save_figure(figure, path)
+    step, _, specs = training_step(batch, depth, image_size, classes)
+    analysis = analyze_function(step.get_concrete_function(*specs))
+    return plot_plan(path, analysis, plan_swaps(analysis, budget_mb * MIB),
+                     title=f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", type=float, default=0.03,
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
     parser.add_argument("--tables", choices=("a", "b", "ab"), default="ab", help="which of Table 1(a) and 1(b) to run")
+    parser.add_argument("--no-recompute", action="store_true", help="leave the tf.recompute_grad peer out of Table 1(a)")
     parser.add_argument("--depths", default="101,200,1001,2000", help="networks of Table 1(b), comma-separated")
     parser.add_argument("--depth-batch", type=int, default=8, help="batch of Table 1(b)")
     parser.add_argument("--depth-image-size", type=int, default=32, help="image size of Table 1(b)")
@@ -226,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             return result
 
         def search(variant, start):
-            found = largest_batch(bench.trains, variant, *network, args.budget_mb, budget_mb=args.budget_mb,
+            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb), budget_mb=args.budget_mb,
                                   limit=args.max_batch, start=start, precision=args.precision,
                                   timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
             return {"batch": found.batch, "notes": found.notes}
@@ -235,26 +188,26 @@ def main(argv: list[str] | None = None) -> int:
         report["at_base"], report["at_opt"] = {}, {}
         if "a" in args.tables:
             bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
-            table_a["limit"] = _value_or_verdict(bounds)
+            table_a["limit"] = value_or_verdict(bounds)
             guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
             table_a["baseline"] = search("baseline", min(guess, args.max_batch))
             base = table_a["baseline"]["batch"]
+            others = ("seqmem",) if args.no_recompute else ("seqmem", "recompute")
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
-                table_a.update(zip(("seqmem", "recompute"),
-                                   pool.map(lambda variant: search(variant, max(base, 1)), ("seqmem", "recompute"))))
+                table_a.update(zip(others, pool.map(lambda variant: search(variant, max(base, 1)), others)))
             if base:
                 # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
                 # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
                 # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
-                for variant in VARIANTS:
+                for variant in ("baseline",) + others:
                     measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
                                    args.budget_mb, budget_mb=2 * args.budget_mb)
-                    report["at_base"][variant] = _value_or_verdict(measured)
+                    report["at_base"][variant] = value_or_verdict(measured)
                 opt = table_a["seqmem"]["batch"]
                 if opt:
                     measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
                                    args.budget_mb, budget_mb=args.budget_mb)
-                    report["at_opt"]["seqmem"] = _value_or_verdict(measured)
+                    report["at_opt"]["seqmem"] = value_or_verdict(measured)
                 curves = os.path.join(args.out, "resnet-memory.png")
                 drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
                             curves, budget_mb=max(4 * args.budget_mb, 4096))
@@ -264,17 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             for variant in ("baseline", "seqmem"):
                 measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
                                args.depth_budget_mb, budget_mb=args.depth_budget_mb)
-                row[variant] = _value_or_verdict(measured)
+                row[variant] = value_or_verdict(measured)
             report["table_b"].append(row)
 
     print(format_report(report))
     path = write_json(report, os.path.join(args.out, "resnet-benchmark.json"))
     print(f"wrote {path}" + (f" and {report['memory_png']}" if str(report.get("memory_png", "")).endswith(".png") else ""))
     return 0
-
-
-def _value_or_verdict(run) -> dict[str, Any]:
-    return run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -295,7 +244,7 @@ def format_report(report: dict[str, Any]) -> str:
 def _format_table_a(report: dict[str, Any]) -> list[str]:
     """Table 1(a) lines: batches, the graph bound, notes, and the measurements at B_base and B_opt."""
     args, table_a = report["args"], report["table_a"]
-    base, opt, rec = (table_a[v]["batch"] for v in ("baseline", "seqmem", "recompute"))
+    base, opt, rec = (table_a.get(v, {}).get("batch", "-") for v in VARIANTS)
     limit = table_a["limit"].get("batch", "-")
     lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
              f"emulated device {args['budget_mb']} MB (largest batch that trains two steps, real OOM)",
@@ -305,7 +254,7 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
     if table_a["limit"].get("op"):
         lines.append(f"B_limit is set by `{table_a['limit']['op']}` (graph bound, not measured)")
     for variant in VARIANTS:
-        for note in table_a[variant]["notes"]:
+        for note in table_a.get(variant, {}).get("notes", ()):
             lines.append(f"note ({variant}): {note}")
     if report["at_base"]:
         lines += ["", f"At B_base = {base}, in an arena of twice the budget (measured peak: max of 3 steps; "
@@ -313,7 +262,7 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
                   "| variant | measured peak (MB) | predicted peak (MB) | swaps | images/s | vs baseline |",
                   "|---|---:|---:|---:|---:|---:|"]
         reference = report["at_base"]["baseline"].get("images_per_s")
-        rows = [(v, report["at_base"][v]) for v in VARIANTS]
+        rows = list(report["at_base"].items())
         rows += [(f"seqmem at B_opt = {opt}", report["at_opt"]["seqmem"])] if report["at_opt"] else []
         for name, row in rows:
             lines.append(_measured_row(name, row, reference))
@@ -324,14 +273,14 @@ def _measured_row(name: str, row: dict[str, Any], reference: float | None) -> st
     if "error" in row:
         return f"| {name} | {row['error']} | - | - | - | - |"
     speed = row["images_per_s"]
-    return (f"| {name} | {row['peak_bytes'] / _MB:.0f} | {row['predicted_peak_bytes'] / _MB:.0f} | {row['swaps']} "
+    return (f"| {name} | {row['peak_bytes'] / MIB:.0f} | {row['predicted_peak_bytes'] / MIB:.0f} | {row['swaps']} "
             f"| {speed:.1f} | {ratio(speed, reference)} |")
 
 
 def _peak(row: dict[str, Any]) -> str:
     if "error" in row:
         return "OOM" if row["error"] == "oom" else row["error"]
-    return f"{row['peak_bytes'] / _MB:.0f} ({row['predicted_peak_bytes'] / _MB:.0f})"
+    return f"{row['peak_bytes'] / MIB:.0f} ({row['predicted_peak_bytes'] / MIB:.0f})"
 
 
 if __name__ == "__main__":

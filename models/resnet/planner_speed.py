@@ -23,26 +23,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch must be positive and --budget-fraction in (0, 1]")
 
     from models.resnet.benchmark import training_step
-    from seqmem.analysis import analyze
     from seqmem.budget import plan_swaps
-    from seqmem.memory import simulate
-    from seqmem.swap.backends import EmulatedDeviceBackend
+    from seqmem.edge.swap_nodes import EmulatedDeviceBackend
+    from seqmem.runtime.step_analysis import analyze_function
+    from seqmem.sim.simulator import simulate
     from seqmem.swap.rewrite import rewrite
 
     started = time.perf_counter()
-    step, _, specs = training_step("baseline", args.depth, args.batch, image_size=32, classes=10)
+    step, _, specs = training_step(args.batch, args.depth, image_size=32, classes=10)
     function = step.get_concrete_function(*specs)
     print(f"built and traced ResNet-{args.depth} in {time.perf_counter() - started:.1f} s", flush=True)
 
     started = time.perf_counter()
-    analysis = analyze(function)
+    analysis = analyze_function(function)
     analysis_s = time.perf_counter() - started
     # choosing the budget is the benchmark's set-up, not part of optimize: untimed
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
     budget = int(args.budget_fraction * baseline.peak_bytes)
     started = time.perf_counter()
-    plan = plan_swaps(analysis.graph, analysis.anatomy, analysis.timing, analysis.order, budget,
-                      scratch_bytes=analysis.scratch_bytes)
+    plan = plan_swaps(analysis, budget)
     plan_s = time.perf_counter() - started
     started = time.perf_counter()
     rewrite(analysis.graph, plan, EmulatedDeviceBackend())

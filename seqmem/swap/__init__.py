@@ -1,1 +1,1 @@
-"""Swapping feature maps to host memory: plan, triggers, rewrite, backends."""
+"""Swapping feature maps to host memory: the plan, trigger choice, and the IR rewrite. Free of TensorFlow."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from seqmem.graph import TensorRef
+from seqmem.ir.graph import TensorRef
+from seqmem.units import MIB
 
 __all__ = ["SkippedCandidate", "SwapDecision", "SwapPlan"]
 
-_MB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class SkippedCandidate:
 class SwapPlan:
     """The optimizer's decisions; sizes in bytes, times in seconds.
 
+    budget_bytes: the caller's budget; target_bytes: the peak the selector
+    planned for (below the budget by `optimize`'s safety margin, or lower
+    after calibration measured more than predicted).
     feasible: predicted_peak_after_bytes <= budget_bytes.
     predicted_overhead_s: transfer time the schedule cannot hide behind compute.
     measured_peak_bytes: the optimized step's peak measured on the device, when
@@ -55,6 +58,7 @@ class SwapPlan:
     """
 
     budget_bytes: int
+    target_bytes: int
     predicted_peak_before_bytes: int
     predicted_peak_after_bytes: int
     decisions: tuple[SwapDecision, ...] = ()
@@ -74,18 +78,18 @@ class SwapPlan:
     def summary(self) -> str:
         """A readable table of the plan."""
         lines = [
-            f"budget {self.budget_bytes / _MB:.1f} MB; predicted peak {self.predicted_peak_before_bytes / _MB:.1f} MB "
-            f"-> {self.predicted_peak_after_bytes / _MB:.1f} MB ({'fits' if self.feasible else 'does NOT fit'})",
-            f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / _MB:.1f} MB), "
+            f"budget {self.budget_bytes / MIB:.1f} MB (planned for {self.target_bytes / MIB:.1f} MB); predicted peak {self.predicted_peak_before_bytes / MIB:.1f} MB "
+            f"-> {self.predicted_peak_after_bytes / MIB:.1f} MB ({'fits' if self.feasible else 'does NOT fit'})",
+            f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / MIB:.1f} MB), "
             f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
         ]
         if self.measured_peak_bytes is not None:
-            lines.append(f"measured peak {self.measured_peak_bytes / _MB:.1f} MB")
+            lines.append(f"measured peak {self.measured_peak_bytes / MIB:.1f} MB")
         lines += list(self.notes)
         if self.decisions:
             lines.append(f"{'MB':>8}  {'transfer ms':>11}  tensor -> trigger")
             for d in self.decisions:
-                lines.append(f"{d.size_bytes / _MB:8.2f}  {1e3 * d.transfer_s:11.3f}  {d.tensor} -> {d.trigger}")
+                lines.append(f"{d.size_bytes / MIB:8.2f}  {1e3 * d.transfer_s:11.3f}  {d.tensor} -> {d.trigger}")
         return "\n".join(lines)
 
     def to_json(self) -> str:

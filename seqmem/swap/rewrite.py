@@ -11,7 +11,7 @@ nodes B):
 One swap-out reads the tensor right after its producer (all backward readers
 share it); one swap-in, started by the trigger, feeds every backward reader.
 Forward readers keep the original. The nodes themselves come from a backend
-(`seqmem.swap.backends`), which knows the device; this module only edits the IR.
+(`seqmem.edge.swap_nodes`), which knows the device; this module only edits the IR.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from seqmem.gc_pause import without_gc
-from seqmem.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.swap.plan import SwapPlan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]

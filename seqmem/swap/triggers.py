@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from seqmem.critical_path import Timing
-from seqmem.graph import Graph
+from seqmem.ir.graph import Graph
 
 __all__ = ["TriggerIndex"]
 

@@ -1,0 +1,1 @@
+"""Benchmark helpers: batch search by real OOM, workloads probed in fresh processes, report formatting."""

@@ -1,0 +1,80 @@
+"""The largest batch that trains under a budget, found by real out-of-memory errors.
+
+Each probe runs in a fresh emulated-device process (`seqmem.runtime.device.run_with_budget`):
+doubling from batch 1 until a probe fails, then bisecting. A probe that crashes,
+hangs or raises something other than an OOM counts as "does not fit" and is
+reported in `BatchSearch.notes`, never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from seqmem.runtime.device import run_with_budget
+
+__all__ = ["BatchSearch", "extrapolated_batch", "largest_batch"]
+
+
+@dataclass
+class BatchSearch:
+    """Result of `largest_batch`: the batch (0 if even batch 1 fails), what each probe
+    returned by batch, and a line per probe that failed other than by OOM."""
+
+    batch: int
+    values: dict[int, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def largest_batch(
+    probe: Callable[..., Any],
+    *args: Any,
+    budget_mb: int,
+    limit: int,
+    start: int = 1,
+    precision: float = 0.0,
+    timeout_s: float = 600.0,
+    on_probe: Callable[[int, str], None] | None = None,
+) -> BatchSearch:
+    """Largest batch <= `limit` for which `probe(batch, *args)` succeeds under `budget_mb` MiB.
+
+    The probe is a module-level function run in a fresh process; it succeeds when it
+    returns a truthy value without error. `start` is the first batch tried (a good
+    guess saves probes); the bisection stops once the bracket is within `precision`
+    (relative: 0.02 means the answer is within 2% of the true largest batch);
+    `on_probe(batch, verdict)` is called after each probe.
+    """
+    if limit < 1 or not 1 <= start <= limit:
+        raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+    if not 0 <= precision < 1:
+        raise ValueError(f"precision must be in [0, 1), got {precision}")
+    search = BatchSearch(batch=0)
+
+    def fits(batch: int) -> bool:
+        run = run_with_budget(probe, batch, *args, budget_mb=budget_mb, timeout_s=timeout_s)
+        verdict = run.verdict if not run.ok or run.value else "failed"
+        if on_probe is not None:
+            on_probe(batch, verdict)
+        if run.ok:
+            search.values[batch] = run.value
+        elif run.verdict != "oom":
+            last_line = (run.message.strip().splitlines() or [""])[-1]
+            search.notes.append(f"batch {batch}: {run.verdict}: {last_line}")
+        return run.ok and bool(run.value)
+
+    low, high = 0, start  # low trains (0: none known), high is the next batch to try
+    while high <= limit and fits(high):
+        low, high = high, 2 * high
+    high = min(high, limit + 1)
+    while high - low > max(1, int(precision * low)):
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    search.batch = low
+    return search
+
+
+def extrapolated_batch(peak_at_one: int, peak_at_two: int, budget_bytes: int) -> int:
+    """The largest batch (at least 1) at which a peak affine in the batch, `peak_at_one` bytes at batch 1
+    and `peak_at_two` at batch 2, stays within `budget_bytes`: where a search for B_base can start."""
+    growth = max(peak_at_two - peak_at_one, 1)
+    return max(1, 1 + (budget_bytes - peak_at_one) // growth)

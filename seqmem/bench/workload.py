@@ -1,0 +1,91 @@
+"""A benchmark's training step, run in fresh emulated-device processes: does it train, what does it measure.
+
+Both benchmarks (`models/resnet`, `models/nmt`) describe each variant as a
+`Workload`; `trains` is the probe their batch searches run, `measure` the
+peak and step time at a given batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["Runnable", "Workload", "measure", "runnable", "trains"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark variant.
+
+    build: a module-level function `build(batch, **options)` returning (step,
+    inputs, input specs): a tf.function training step that returns its loss,
+    concrete inputs, and their TensorSpecs.
+    options: keyword arguments of `build`, as (name, value) pairs.
+    optimized: run the step through `seqmem.optimize` for `budget_mb` (MiB),
+    with `safety_margin`.
+    """
+
+    build: Callable[..., tuple[Any, Any, Any]]
+    options: tuple[tuple[str, Any], ...]
+    optimized: bool
+    budget_mb: int
+    safety_margin: float = 0.2
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """A workload's step at one batch, callable on `inputs`.
+
+    predicted_peak_bytes: seqmem's prediction (None unless asked for);
+    swaps: tensors the plan swaps (0 for unoptimized steps).
+    """
+
+    step: Any
+    inputs: Any
+    predicted_peak_bytes: Optional[int]
+    swaps: int
+
+
+def runnable(workload: Workload, batch: int, predict: bool = False) -> Runnable:
+    """Build the workload's step at `batch`; optimized ones are planned and calibrated for the budget.
+
+    predict: also predict an unoptimized step's peak, as `optimize` would (kernels' scratch measured).
+    Raises InfeasibleBudgetError when seqmem finds no plan.
+    """
+    step, inputs, specs = workload.build(batch, **dict(workload.options))
+    if workload.optimized:
+        from seqmem.runtime.optimize import optimize
+
+        optimized = optimize(step, workload.budget_mb, input_signature=specs, sample_inputs=inputs,
+                             safety_margin=workload.safety_margin)
+        return Runnable(optimized, inputs, optimized.plan.predicted_peak_after_bytes, len(optimized.plan.decisions))
+    predicted = None
+    if predict:
+        from seqmem.runtime.step_analysis import predicted_peak_bytes
+
+        predicted = predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True)
+    return Runnable(step, inputs, predicted, 0)
+
+
+def trains(batch: int, workload: Workload) -> bool:
+    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
+    from seqmem.errors import InfeasibleBudgetError
+
+    try:
+        built = runnable(workload, batch)
+    except InfeasibleBudgetError:
+        return False
+    return all(math.isfinite(float(built.step(*built.inputs))) for _ in range(2))
+
+
+def measure(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
+    """Child process: the highest measured peak (bytes) and the median seconds of `steps` steps after a
+    warm-up, the predicted peak and the number of swaps."""
+    from seqmem.runtime.measure import timed_steps
+
+    built = runnable(workload, batch, predict=True)
+    peaks, seconds = timed_steps(built.step, built.inputs, steps)
+    return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
+            "predicted_peak_bytes": built.predicted_peak_bytes, "swaps": built.swaps}

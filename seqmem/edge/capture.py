@@ -1,0 +1,318 @@
+"""The TensorFlow edge: TF objects -> `Graph`, and `Graph` -> `GraphDef`.
+
+Accepted targets: a `tf.function` (with input specs or its own input signature),
+a `ConcreteFunction`, a TF1 `tf.Graph`, or a `GraphDef`. Everything is read
+through a `tf.Graph` so that dtypes and static shapes come from TensorFlow's own
+shape inference. The function library (loop bodies, called functions) is carried
+along untouched.
+
+Sizes: a numeric tensor's size is dtype size x element count; resource handles
+take 0 bytes (the variable's buffer is booked on the handle node as
+`resource_bytes`); a variant holding a TensorList (e.g. a while-loop
+accumulator) is sized by following it back to the list's creation through
+identities, loops and function calls; other unknowns are None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
+from seqmem.errors import UnknownShapeError
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+
+__all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
+
+_ACCEPTED = "a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"
+_LIST_PASSTHROUGH_OPS = frozenset({
+    "TensorListPushBack",
+    "TensorListPushBackBatch",
+    "TensorListResize",
+    "TensorListScatterIntoExistingList",
+    "TensorListSetItem",
+})
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+_LOOP_OPS = frozenset({"StatelessWhile", "While"})
+_MAX_VARIANT_DEPTH = 64
+
+
+def concrete_function(target: Any, input_specs: Sequence[Any] = ()) -> ConcreteFunction:
+    """The ConcreteFunction of a tf.function for `input_specs` (TensorSpecs or tensors).
+
+    Raises TypeError if `target` is no tf.function or ConcreteFunction, and
+    UnknownShapeError when a tf.function has neither specs nor an input signature.
+    """
+    if isinstance(target, ConcreteFunction):
+        return target
+    if hasattr(target, "get_concrete_function"):
+        if not input_specs and getattr(target, "input_signature", None) is None:
+            raise UnknownShapeError(
+                "this tf.function has no input_signature: pass its input specs, e.g. "
+                "seqmem.profile(step, tf.TensorSpec([32, 784], tf.float32), tf.TensorSpec([32], tf.int32))"
+            )
+        return target.get_concrete_function(*input_specs)
+    raise TypeError(f"expected a tf.function or a ConcreteFunction, got {type(target).__name__}")
+
+
+def to_tf_graph(target: Any, input_specs: Sequence[Any] = ()) -> tuple[tf.Graph, tuple[str, ...]]:
+    """The tf.Graph behind `target` and the names of its output tensors (empty for TF1 graphs)."""
+    if isinstance(target, graph_pb2.GraphDef):
+        tf_graph = tf.Graph()
+        with tf_graph.as_default():
+            tf.graph_util.import_graph_def(target, name="")
+        return tf_graph, ()
+    if isinstance(target, tf.Graph):
+        return target, ()
+    if isinstance(target, ConcreteFunction) or hasattr(target, "get_concrete_function"):
+        function = concrete_function(target, input_specs)
+        return function.graph, tuple(t.name for t in function.graph.outputs)
+    raise TypeError(f"cannot capture a {type(target).__name__}: expected {_ACCEPTED}")
+
+
+def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
+    """The seqmem `Graph` of `target` (see the module docstring for what is accepted).
+
+    Raises TypeError for anything else.
+    """
+    tf_graph, output_names = to_tf_graph(target, input_specs)
+    graph_def = target if isinstance(target, graph_pb2.GraphDef) else tf_graph.as_graph_def()
+    variable_bytes = _captured_variable_bytes(tf_graph)
+    sizer = _VariantSizer(graph_def.library)
+    nodes = []
+    for node_def in graph_def.node:
+        op = tf_graph.get_operation_by_name(node_def.name)
+        nodes.append(_node(node_def, op, sizer, variable_bytes.get(node_def.name, 0)))
+    return Graph(
+        nodes,
+        outputs=[TensorRef.parse(name) for name in output_names],
+        library=graph_def.library if graph_def.HasField("library") else None,
+        versions=graph_def.versions if graph_def.HasField("versions") else None,
+    )
+
+
+def to_graph_def(graph: Graph) -> graph_pb2.GraphDef:
+    """Write `graph` back as a GraphDef; `to_graph_def(from_tf(graph_def)) == graph_def`."""
+    graph_def = graph_pb2.GraphDef()
+    if graph.library is not None:
+        graph_def.library.CopyFrom(graph.library)
+    if graph.versions is not None:
+        graph_def.versions.CopyFrom(graph.versions)
+    for node in graph.nodes.values():
+        node_def = graph_def.node.add()
+        node_def.name = node.name
+        node_def.op = node.op
+        node_def.device = node.device
+        node_def.input.extend(_input_name(ref) for ref in node.inputs)
+        node_def.input.extend("^" + name for name in node.control_inputs)
+        for key, value in node.attrs.items():
+            node_def.attr[key].CopyFrom(value)
+        for key, value in node.extras.items():
+            getattr(node_def, key).CopyFrom(value)
+    return graph_def
+
+
+def _input_name(ref: TensorRef) -> str:
+    return ref.node if ref.index == 0 else str(ref)
+
+
+def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSizer", resource_bytes: int) -> Node:
+    inputs, control_inputs = [], []
+    for name in node_def.input:
+        if name.startswith("^"):
+            control_inputs.append(name[1:])
+        else:
+            inputs.append(TensorRef.parse(name))
+    extras = {
+        key: getattr(node_def, key)
+        for key in ("experimental_debug_info", "experimental_type")
+        if node_def.HasField(key)
+    }
+    if op.type == "VarHandleOp":
+        resource_bytes = _bytes(op.get_attr("dtype"), op.get_attr("shape")) or 0
+    return Node(
+        name=node_def.name,
+        op=node_def.op,
+        inputs=tuple(inputs),
+        control_inputs=tuple(control_inputs),
+        outputs=tuple(_tensor_info(t, sizer) for t in op.outputs),
+        device=node_def.device,
+        attrs=dict(node_def.attr),
+        extras=extras,
+        resource_bytes=resource_bytes,
+    )
+
+
+def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer") -> TensorInfo:
+    dtype = tensor.dtype.base_dtype
+    static_shape = tensor.shape
+    shape = None if static_shape.rank is None else tuple(static_shape.as_list())
+    if dtype == tf.resource:
+        size = 0
+    elif dtype == tf.variant:
+        size = sizer.size(tensor)
+    elif shape is None or None in shape or dtype == tf.string:
+        size = None
+    else:
+        size = math.prod(shape) * dtype.size
+    return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size)
+
+
+def _bytes(dtype: tf.DType, shape) -> int | None:
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined() or dtype in (tf.string, tf.variant, tf.resource):
+        return None
+    return math.prod(shape.as_list()) * dtype.size
+
+
+def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:
+    """Bytes of each captured variable, keyed by the placeholder that holds its handle."""
+    captures = getattr(tf_graph, "captures", ())
+    variables = {id(v.handle): v for v in getattr(tf_graph, "variables", ())}
+    result = {}
+    for external, internal in captures:
+        variable = variables.get(id(external))
+        if variable is not None:
+            result[internal.op.name] = _bytes(variable.dtype, variable.shape) or 0
+    return result
+
+
+class _VariantSizer:
+    """Sizes TensorList variants by following them back to where the list was made."""
+
+    def __init__(self, library) -> None:
+        self._function_defs = {f.signature.name: f for f in library.function}
+        self._bodies: dict[str, Any] = {}
+
+    def size(self, tensor: tf.Tensor) -> int | None:
+        return self._size(tensor, (), None, 0)
+
+    def _body(self, name: str):
+        if name not in self._bodies:
+            self._bodies[name] = function_def_to_graph(self._function_defs[name]) if name in self._function_defs else None
+        return self._bodies[name]
+
+    def _size(self, tensor: tf.Tensor, callers: tuple, trip_count: int | None, depth: int,
+              filled: bool = False) -> int | None:
+        """Bytes of the list `tensor` holds; `filled`: it leaves a loop that grows it, at most
+        `trip_count` times."""
+        if depth > _MAX_VARIANT_DEPTH:
+            return None
+        op = tensor.op
+        index = tensor.value_index
+        recurse = lambda t: self._size(t, callers, trip_count, depth + 1, filled)  # noqa: E731
+        if op.type in ("EmptyTensorList", "TensorListReserve"):
+            # a new list holds no element buffers; a loop fills it (trip_count given by _LOOP_OPS)
+            return self._list_bytes(op, trip_count) if filled else 0
+        if op.type == "TensorListFromTensor":
+            return _bytes(op.inputs[0].dtype, op.inputs[0].shape)
+        if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot"):
+            return recurse(op.inputs[0])
+        if op.type == "IdentityN":
+            return recurse(op.inputs[index]) if index < len(op.inputs) else None
+        if op.type in _LOOP_OPS:
+            if index >= len(op.inputs):
+                return None
+            pushed = self._pushed_values(op, index)
+            if any(value.type == "TensorListPopBack" for value in pushed):
+                return 0  # a gradient loop consuming saved activations: the list leaves it empty
+            trip_count = 1 if pushed and all(v.type == "ReadVariableOp" for v in pushed) else self._trip_count(op)
+            return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True)
+        if op.type in _CALL_OPS:
+            body = self._body(op.get_attr("f").name)
+            if body is None or index >= len(body.outputs):
+                return None
+            return self._size(body.outputs[index], callers + ((op, body),), trip_count, depth + 1, filled)
+        if op.type == "Placeholder" and callers:
+            call_op, body = callers[-1]
+            arguments = [t.op for t in body.inputs]
+            if op not in arguments or arguments.index(op) >= len(call_op.inputs):
+                return None
+            return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1, filled)
+        return None
+
+    def _pushed_values(self, loop: tf.Operation, index: int) -> list[tf.Operation]:
+        """For loop variable `index`, the ops the body acts on it with: the producers of the values
+        pushed onto it (TensorListPushBack), or the TensorListPopBack ops that read it.
+
+        A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
+        empties it; one that pushes a variable's value each iteration (ReadVariableOp) holds one
+        buffer, shared by every element.
+        """
+        body = self._body(loop.get_attr("body").name)
+        if body is None or index >= len(body.inputs):
+            return []
+        acting = []
+        for consumer in body.inputs[index].consumers():
+            if consumer.type == "TensorListPopBack":
+                acting.append(consumer)
+            elif consumer.type == "TensorListPushBack":
+                acting.append(consumer.inputs[1].op)
+        return acting
+
+    def _trip_count(self, loop: tf.Operation) -> int | None:
+        """Iterations of a While loop whose condition compares a counter with a constant.
+
+        The smallest bound `c` of a `Less(x, c)` (or `c + 1` of `LessEqual`) in the
+        condition, where `c` is a constant in the condition or a constant loop input.
+        """
+        cond = self._body(loop.get_attr("cond").name)
+        if cond is None:
+            return None
+        arguments = [t.op for t in cond.inputs]
+        bounds = []
+        for op in cond.get_operations():
+            if op.type not in ("Less", "LessEqual"):
+                continue
+            limit = op.inputs[1]
+            value = _static_value(limit)
+            if value is None and limit.op in arguments:
+                position = arguments.index(limit.op)
+                value = _static_value(loop.inputs[position]) if position < len(loop.inputs) else None
+            if value is not None and np.ndim(value) == 0 and int(value) >= 0:
+                bounds.append(int(value) + (op.type == "LessEqual"))
+        return min(bounds) if bounds else None
+
+    @staticmethod
+    def _list_bytes(op: tf.Operation, trip_count: int | None) -> int | None:
+        element_shape = _static_value(op.inputs[0])
+        count = _static_value(op.inputs[1])
+        if element_shape is None or count is None:
+            return None
+        count = int(count)
+        if count < 0:  # unbounded list: grown once per iteration of the enclosing loop
+            if trip_count is None:
+                return None
+            count = trip_count
+        elif trip_count is not None:
+            count = min(count, trip_count)
+        element_shape = [int(d) for d in list(np.reshape(element_shape, -1))]
+        if any(d < 0 for d in element_shape):
+            return None
+        element_bytes = _bytes(op.get_attr("element_dtype"), element_shape)
+        return None if element_bytes is None else count * element_bytes
+
+
+def _static_value(tensor: tf.Tensor):
+    """The value of a graph tensor computable from constants, or None.
+
+    Extends tf.get_static_value with StridedSlice of constants (how loop bounds
+    such as a sequence length are usually spelled).
+    """
+    value = tf.get_static_value(tensor)
+    op = tensor.op
+    if value is not None or op.type != "StridedSlice":
+        return value
+    inputs = [tf.get_static_value(t) for t in op.inputs]
+    if any(v is None for v in inputs):
+        return None
+    masks = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+    return tf.raw_ops.StridedSlice(
+        input=inputs[0], begin=inputs[1], end=inputs[2], strides=inputs[3], **{m: op.get_attr(m) for m in masks}
+    ).numpy()

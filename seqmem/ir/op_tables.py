@@ -1,0 +1,87 @@
+"""Small, sorted tables that classify TensorFlow op types by how they use memory.
+
+These tables are the only place seqmem names op types for memory purposes, and
+they import nothing of seqmem's. Keep them sorted (a test checks) so a missing
+comma cannot join two names unnoticed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "INPLACE_OPS",
+    "LOOP_BACK_OPS",
+    "LOOP_MERGE_OPS",
+    "PERSISTENT_OPS",
+    "SHAPE_OPS",
+    "VIEW_OPS",
+    "is_persistent_op",
+]
+
+# A TF1 while loop closes through NextIteration -> Merge; those back edges are
+# left out of topological orders, as TensorFlow's executor does.
+LOOP_BACK_OPS = frozenset(["NextIteration", "RefNextIteration"])
+LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
+
+# Ops whose outputs live for the whole step outside the step's own allocations:
+# parameters, constants and resource handles, and the step's inputs.
+PERSISTENT_OPS = frozenset([
+    "Const",
+    "HostConst",
+    "Placeholder",
+    "PlaceholderWithDefault",
+    "VarHandleOp",
+    "Variable",
+    "VariableV2",
+    "_Arg",
+])
+
+# Ops that read only a tensor's metadata, never its contents.
+SHAPE_OPS = frozenset([
+    "Rank",
+    "Shape",
+    "ShapeN",
+    "Size",
+])
+
+# Ops whose output i shares the buffer of input i (input 0 for single-output
+# ops): TensorFlow forwards the buffer instead of copying it. ReadVariableOp
+# returns the variable's own buffer unless a write is pending.
+VIEW_OPS = frozenset([
+    "ExpandDims",
+    "Identity",
+    "IdentityN",
+    "ReadVariableOp",
+    "Reshape",
+    "Squeeze",
+    "StopGradient",
+])
+
+# Element-wise ops whose kernels write into an input buffer of the same size
+# when that input has no other reader left (forward_input_or_allocate_output).
+INPLACE_OPS = frozenset([
+    "Add",
+    "AddV2",
+    "BiasAdd",
+    "Cast",
+    "Elu",
+    "EluGrad",
+    "Mul",
+    "Neg",
+    "RealDiv",
+    "Relu",
+    "Relu6",
+    "ReluGrad",
+    "Rsqrt",
+    "Sigmoid",
+    "SigmoidGrad",
+    "Sqrt",
+    "Square",
+    "Sub",
+    "Tanh",
+    "TanhGrad",
+])
+
+
+def is_persistent_op(op: str) -> bool:
+    """Whether outputs of `op` are persistent memory (parameters, constants, inputs)."""
+    return op in PERSISTENT_OPS

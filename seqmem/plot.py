@@ -1,0 +1,79 @@
+"""PNG charts of predicted memory over one training step (the paper's Figure 1), free of TensorFlow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+from seqmem.analysis import StepAnalysis
+from seqmem.budget import swap_events
+from seqmem.critical_path import Timing
+from seqmem.files import save_figure
+from seqmem.sim.simulator import MemoryTrace, simulate
+from seqmem.swap.plan import SwapPlan
+from seqmem.units import MIB
+
+__all__ = ["plot_memory_curves", "plot_plan"]
+
+_COLORS = ("0.3", "tab:blue", "tab:green", "tab:purple")
+
+
+def plot_memory_curves(
+    path: str,
+    timing: Timing,
+    curves: Sequence[tuple[str, MemoryTrace]],
+    *,
+    title: str,
+    loss_node: Optional[str] = None,
+    budget_bytes: Optional[int] = None,
+    measured: Optional[tuple[str, int]] = None,
+) -> str:
+    """Write a PNG of each trace's predicted device memory (persistent + live bytes) over estimated time.
+
+    curves: (label, trace) pairs, each simulated on the schedule `timing` describes.
+    loss_node: shade the first curve's forward pass (up to the loss's completion) and backward pass.
+    budget_bytes: draw the budget; measured: (label, bytes) of a measured peak to draw.
+    The file appears whole or not at all. Returns `path`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for number, (label, trace) in enumerate(curves):
+        device = trace.busiest()
+        times_ms = [1e3 * timing.start_s[name] for name in trace.order]
+        total_mb = [(device.persistent_bytes + live) / MIB for live in device.live_bytes]
+        axes.step(times_ms, total_mb, where="post", color=_COLORS[number % len(_COLORS)], linewidth=1,
+                  label=f"{label}: predicted peak {trace.peak_bytes / MIB:.0f} MB")
+        if number == 0 and loss_node is not None:
+            loss_done_ms = 1e3 * timing.completion_s[loss_node]
+            forward = [t <= loss_done_ms for t in times_ms]  # the schedule is by start time: one split
+            axes.fill_between(times_ms, 0, total_mb, where=forward, step="post", color="tab:blue", alpha=0.3,
+                              label="forward")
+            axes.fill_between(times_ms, 0, total_mb, where=[not f for f in forward], step="post",
+                              color="tab:orange", alpha=0.3, label="backward and update")
+            axes.axhline(device.persistent_bytes / MIB, color="0.5", linestyle=":",
+                         label="persistent (weights, inputs)")
+    if budget_bytes is not None:
+        axes.axhline(budget_bytes / MIB, color="0.4", linestyle="--", label=f"budget {budget_bytes / MIB:.0f} MB")
+    if measured is not None:
+        measured_label, measured_bytes = measured
+        axes.axhline(measured_bytes / MIB, color="tab:red", linestyle="--", label=measured_label)
+    axes.set_xlabel("estimated time in step (ms)")
+    axes.set_ylabel("device memory (MB)")
+    axes.set_title(title)
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) -> str:
+    """Write a PNG of the step's predicted memory before and after `plan` (BFC allocator model), with the
+    budget. Returns `path`."""
+    baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
+    after = simulate(analysis.graph, analysis.order, swap_events(plan, analysis), allocator="bfc",
+                     scratch_bytes=analysis.scratch_bytes)
+    curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]
+    return plot_memory_curves(path, analysis.timing, curves, title=title, budget_bytes=plan.budget_bytes)

@@ -1,0 +1,1 @@
+"""Running steps: the measuring device, step analysis, `optimize`, `profile`, Keras integration."""

@@ -1,0 +1,220 @@
+"""The device seqmem measures on: a real GPU, or the emulated device on CPU.
+
+The emulated device puts every CPU tensor in a bounded BFC arena
+(`TF_CPU_ALLOCATOR_USE_BFC`, `TF_CPU_BFC_MEM_LIMIT_IN_MB`): going over the
+budget raises a real ResourceExhaustedError and TensorFlow reports current and
+peak bytes. oneDNN is switched off (`TF_ENABLE_ONEDNN_OPTS=0`) because its
+kernels crash the process when that arena is full. These variables are read
+once, when TensorFlow starts, so each budget needs a fresh process:
+`run_with_budget` runs a callable in one and returns its result or a verdict.
+
+This module does not import TensorFlow at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from seqmem.errors import TensorFlowAlreadyInitializedError
+
+__all__ = [
+    "BudgetRun",
+    "MemoryStats",
+    "check_budget_mb",
+    "configure_emulated_device",
+    "emulated_budget_mb",
+    "emulated_device_env",
+    "memory_device",
+    "measuring_device_present",
+    "memory_stats",
+    "reset_peak",
+    "run_with_budget",
+]
+
+_ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+_ENV_LIMIT = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+_ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+
+
+def emulated_device_env(budget_mb: int) -> dict[str, str]:
+    """Environment variables that make the CPU an emulated device of `budget_mb` MiB."""
+    check_budget_mb(budget_mb)
+    return {
+        _ENV_BFC: "true",
+        _ENV_LIMIT: str(int(budget_mb)),
+        _ENV_ONEDNN: "0",
+    }
+
+
+def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
+    """`value` if it is a positive, finite number of MiB; ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of MiB (finite), got {value!r}")
+    return value
+
+
+def configure_emulated_device(budget_mb: int) -> None:
+    """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
+
+    Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
+    if TensorFlow is already loaded with other settings (use `run_with_budget`,
+    which starts a fresh process), ValueError for a non-positive budget.
+    """
+    wanted = emulated_device_env(budget_mb)
+    if "tensorflow" in sys.modules:
+        if all(os.environ.get(k) == v for k, v in wanted.items()):
+            return
+        raise TensorFlowAlreadyInitializedError(
+            "TensorFlow is already imported in this process, so the emulated device's memory limit can no "
+            "longer take effect; call configure_emulated_device() before importing tensorflow, or use "
+            "seqmem.runtime.device.run_with_budget() to run in a fresh process"
+        )
+    os.environ.update(wanted)
+
+
+def emulated_budget_mb() -> int | None:
+    """The emulated device's budget in MiB if this process was configured with one, else None."""
+    if os.environ.get(_ENV_BFC, "").lower() not in ("true", "1"):
+        return None
+    limit = os.environ.get(_ENV_LIMIT)
+    return int(limit) if limit and limit.isdigit() else None
+
+
+def measuring_device_present() -> bool:
+    """Whether this process can measure device memory (the emulated device or a GPU)."""
+    if emulated_budget_mb() is not None:
+        return True
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Bytes in use now and at the highest point since the last reset, on `device`."""
+
+    device: str
+    current_bytes: int
+    peak_bytes: int
+
+
+def memory_device() -> str:
+    """The device seqmem measures: "GPU:0" when a GPU is visible, else "CPU:0"."""
+    import tensorflow as tf
+
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+def memory_stats(device: str | None = None) -> MemoryStats:
+    """Current and peak bytes on `device` (default `memory_device()`).
+
+    Raises RuntimeError when the CPU is not an emulated device (no BFC arena to read).
+    """
+    import tensorflow as tf
+
+    device = device or memory_device()
+    if device.startswith("CPU") and emulated_budget_mb() is None:
+        raise RuntimeError(
+            "CPU memory is only measured on the emulated device: call "
+            "seqmem.runtime.device.configure_emulated_device(budget_mb) before importing tensorflow"
+        )
+    info = tf.config.experimental.get_memory_info(device)
+    return MemoryStats(device=device, current_bytes=int(info["current"]), peak_bytes=int(info["peak"]))
+
+
+def reset_peak(device: str | None = None) -> None:
+    """Make the peak equal to the bytes in use now, on `device` (default `memory_device()`)."""
+    import tensorflow as tf
+
+    tf.config.experimental.reset_memory_stats(device or memory_device())
+
+
+@dataclass(frozen=True)
+class BudgetRun:
+    """Outcome of `run_with_budget`.
+
+    verdict: "ok" (value holds the result), "oom" (ResourceExhaustedError),
+    "error" (another exception; message has its traceback), "crashed" (the
+    process died, e.g. a segfault), or "timeout".
+    """
+
+    verdict: str
+    value: Any = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+
+def run_with_budget(
+    function: Callable[..., Any],
+    *args: Any,
+    budget_mb: int,
+    timeout_s: float = 600.0,
+    **kwargs: Any,
+) -> BudgetRun:
+    """Run `function(*args, **kwargs)` in a fresh process on an emulated device of `budget_mb` MiB.
+
+    `function` must be importable by module and name (a module-level function),
+    and its arguments and result picklable. Never raises for what happens in the
+    child: an OOM, an exception, a crash or a timeout each come back as a verdict.
+    """
+    env = dict(os.environ)
+    env.update(emulated_device_env(budget_mb))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the child's stderr is kept only for a crash's message
+    with tempfile.TemporaryDirectory(prefix="seqmem-budget-") as workdir:
+        job_path = os.path.join(workdir, "job.pkl")
+        result_path = os.path.join(workdir, "result.pkl")
+        with open(job_path, "wb") as job:
+            pickle.dump((function, args, kwargs), job)
+        try:
+            process = subprocess.run(
+                [sys.executable, "-m", "seqmem.runtime.device", job_path, result_path],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            return BudgetRun("timeout", message=f"no result within {timeout_s:.0f} s")
+        if os.path.exists(result_path):
+            with open(result_path, "rb") as result:
+                return pickle.load(result)
+        tail = process.stderr.decode(errors="replace")[-2000:]
+        return BudgetRun("crashed", message=f"exit status {process.returncode}: {tail}")
+
+
+def _worker(job_path: str, result_path: str) -> None:
+    """Child side of `run_with_budget`: run the job, write the verdict atomically."""
+    with open(job_path, "rb") as job:
+        function, args, kwargs = pickle.load(job)
+    import tensorflow as tf
+
+    try:
+        outcome = BudgetRun("ok", value=function(*args, **kwargs))
+    except tf.errors.ResourceExhaustedError as error:
+        outcome = BudgetRun("oom", message=str(error).splitlines()[0][:500])
+    except Exception:  # noqa: BLE001 - every failure is reported to the parent as a verdict
+        outcome = BudgetRun("error", message=traceback.format_exc()[-4000:])
+    try:
+        payload = pickle.dumps(outcome)
+    except Exception:  # noqa: BLE001 - an unpicklable result is reported, not lost
+        payload = pickle.dumps(BudgetRun("error", message="result is not picklable:\n" + traceback.format_exc()[-2000:]))
+    partial = result_path + ".partial"
+    with open(partial, "wb") as result:
+        result.write(payload)
+    os.replace(partial, result_path)
+
+
+if __name__ == "__main__":
+    from seqmem.runtime.device import _worker as worker  # so results pickle as seqmem.runtime.device.BudgetRun
+
+    worker(sys.argv[1], sys.argv[2])

@@ -1,0 +1,83 @@
+"""Helpers for running a step to measure it, leaving no trace: inputs from specs,
+waiting for results, and restoring the variables the step changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["block", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
+
+
+class variables_restored:
+    """Context manager: snapshot `variables` to host memory, restore them on exit (also on error)."""
+
+    def __init__(self, variables) -> None:
+        self._variables = list(variables)
+        self._saved: list[np.ndarray] = []
+
+    def __enter__(self) -> None:
+        self._saved = [np.array(v.numpy(), copy=True) for v in self._variables]
+
+    def __exit__(self, *exc: Any) -> None:
+        for variable, value in zip(self._variables, self._saved):
+            variable.assign(value)
+        self._saved = []
+
+
+def block(result: Any) -> None:
+    """Wait until every tensor in `result` is computed."""
+    for tensor in tf.nest.flatten(result):
+        if hasattr(tensor, "numpy"):
+            tensor.numpy()
+
+
+def inputs_like(structure: Any) -> Any:
+    """Tensors for a (nested) structure of TensorSpecs or tensors: tensors pass through;
+    floating specs get seeded normal values, others ones (valid labels, token ids and
+    sequence lengths: a length of 0 would fail the checks of e.g. tfa's attention)."""
+
+    def make(value):
+        if not isinstance(value, tf.TensorSpec):
+            return tf.convert_to_tensor(value)
+        if value.dtype.is_floating:
+            return tf.random.stateless_normal(value.shape, seed=[0, 0], dtype=value.dtype)
+        return tf.ones(value.shape, value.dtype)
+
+    return tf.nest.map_structure(make, structure)
+
+
+def step_peaks(run: Any, args: Any, variables, calls: int, warm_up: bool = False) -> list[int]:
+    """Peak device bytes of each of `calls` calls of `run(*args)` (after one unmeasured call if
+    `warm_up`), with `variables` restored afterwards, also on error (ResourceExhaustedError included)."""
+    from seqmem.runtime import device
+
+    peaks = []
+    with variables_restored(variables):
+        if warm_up:
+            block(run(*args))
+        for _ in range(calls):
+            device.reset_peak()
+            block(run(*args))
+            peaks.append(device.memory_stats().peak_bytes)
+    return peaks
+
+
+def timed_steps(run: Any, args: Any, calls: int) -> tuple[list[int], list[float]]:
+    """Peak device bytes and wall-clock seconds of each of `calls` calls of `run(*args)`, after one
+    unmeasured warm-up call. Variables change as the step trains; nothing is restored."""
+    import time
+
+    from seqmem.runtime import device
+
+    block(run(*args))
+    peaks, seconds = [], []
+    for _ in range(calls):
+        device.reset_peak()
+        started = time.perf_counter()
+        block(run(*args))
+        seconds.append(time.perf_counter() - started)
+        peaks.append(device.memory_stats().peak_bytes)
+    return peaks, seconds

@@ -1,0 +1,205 @@
+"""`seqmem.optimize`: make a training step fit a memory budget by swapping feature maps.
+
+Three parts: plan (`seqmem.budget.plan_swaps`, pure, for a target below the
+budget), build the runnable step (`seqmem.runtime.optimized_step`), and on a
+measuring device calibrate: run the step, and plan again for less when its
+measured peak exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from seqmem.analysis import StepAnalysis
+from seqmem.budget import Baseline, plan_swaps, simulate_baseline
+from seqmem.critical_path import MachineModel
+from seqmem.edge import capture
+from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
+from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
+from seqmem.ir.graph import TensorRef
+from seqmem.runtime import device
+from seqmem.runtime.measure import inputs_like, step_peaks
+from seqmem.runtime.optimized_step import OptimizedStep, build_step
+from seqmem.runtime.step_analysis import analyze_function
+from seqmem.swap.plan import SwapPlan
+from seqmem.swap.rewrite import SwapBackend
+from seqmem.units import MIB
+
+__all__ = ["OptimizedStep", "optimize"]
+
+_CALIBRATION_ROUNDS = 3
+_CALIBRATION_CALLS = 4
+
+
+def optimize(
+    target: Any,
+    memory_budget_mb: float = 12000,
+    *,
+    loss: Union[str, TensorRef, None] = None,
+    input_signature: Any = None,
+    machine: MachineModel = MachineModel(),
+    backend: Optional[SwapBackend] = None,
+    min_swap_bytes: int = 64 << 10,
+    safety_margin: float = 0.2,
+    calibrate: bool = True,
+    sample_inputs: Any = None,
+) -> OptimizedStep:
+    """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
+
+    target: a tf.function (traced for `input_signature`, a sequence of
+    TensorSpecs, when it has none of its own), a ConcreteFunction, a TF1
+    tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
+    for functions (unchanged when the step already fits), with `.graph_def` and
+    `.plan`.
+    safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
+    the predictor's error. When no plan reaches that but calibration can run,
+    the plan aims at the budget itself and the measurement decides.
+    calibrate: on a measuring device (emulated or GPU), run the optimized step
+    four times on `sample_inputs` (variables restored afterwards); if its highest
+    peak exceeds the budget, plan again for less, up to 3 times. The measured
+    peak is recorded in the plan. Peaks vary from step to step (TensorFlow's
+    executor runs independent ops concurrently), so a later step can still
+    exceed what calibration saw; the margin is there for that.
+    sample_inputs: the step's arguments to calibrate with (default: synthetic,
+    see `seqmem.runtime.measure.inputs_like`); pass real ones when the step
+    checks its inputs' values.
+    Raises ValueError for a budget that is not a positive finite number or a
+    margin outside [0, 1), TypeError for another target, InfeasibleBudgetError
+    when no swap set fits (with the lowest measured peak when calibration
+    measured one).
+    """
+    if not 0 <= safety_margin < 1:
+        raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
+    budget_bytes = int(device.check_budget_mb(memory_budget_mb, "memory_budget_mb") * MIB)
+    target_bytes = int(budget_bytes * (1 - safety_margin))
+    backend = backend or _default_backend()
+    if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
+        analysis = analyze_function(target, loss=loss, machine=machine)
+        plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine,
+                          min_swap_bytes=min_swap_bytes)
+        return build_step(analysis, plan, backend)
+    if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
+        raise TypeError(
+            f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
+        )
+    function = capture.concrete_function(target, tuple(input_signature or ()))
+    original = target if not isinstance(target, capture.ConcreteFunction) else function
+    calibrating = calibrate and device.measuring_device_present()
+    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=device.measuring_device_present())
+    arena_mb = device.emulated_budget_mb()
+    planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
+                       arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating)
+    try:
+        plan = planner.plan(target_bytes)
+    except InfeasibleBudgetError:
+        if not calibrating or target_bytes == budget_bytes:
+            raise
+        # The margin is room for the predictor's error, and the device can settle what the
+        # prediction cannot: plan for the budget itself and let calibration measure it.
+        plan = planner.plan(budget_bytes)
+    step = build_step(analysis, plan, backend, function, original)
+    if not calibrating:
+        return step
+    return _calibrated(step, planner, backend, sample_inputs)
+
+
+def _default_backend() -> SwapBackend:
+    if tf.config.list_logical_devices("GPU"):
+        return HostDeviceBackend("/device:CPU:0", "/device:GPU:0")
+    return EmulatedDeviceBackend()
+
+
+class _Planner:
+    """`plan_swaps` for one analysed step at varying targets, each baseline simulated once.
+
+    measurable: the device can measure the plans, so a plan that only the
+    allocator model's fragmentation rules out is planned without that check.
+    """
+
+    def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
+                 arena_bytes: Optional[int], measurable: bool) -> None:
+        self.analysis, self.budget_bytes = analysis, budget_bytes
+        self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes}
+        self._arena_bytes, self._measurable = arena_bytes, measurable
+        self._baselines: dict[Optional[int], Baseline] = {}
+
+    @property
+    def persistent_bytes(self) -> int:
+        """Predicted bytes no plan can free: weights, optimizer slots, inputs."""
+        return self._baseline(self._arena_bytes).trace.busiest().persistent_bytes
+
+    def plan(self, target_bytes: int) -> SwapPlan:
+        try:
+            return self._plan(target_bytes)
+        except ArenaFragmentationError:
+            if self._arena_bytes is None or not self._measurable:
+                raise
+            # Only the allocator model's fragmentation stood in the way: a model, which calibration
+            # checks on the device itself. Plan without it from here on.
+            self._arena_bytes = None
+            return self._plan(target_bytes)
+
+    def _plan(self, target_bytes: int) -> SwapPlan:
+        return plan_swaps(self.analysis, self.budget_bytes, target_bytes=target_bytes,
+                          baseline=self._baseline(self._arena_bytes), arena_bytes=self._arena_bytes, **self._options)
+
+    def _baseline(self, arena_bytes: Optional[int]) -> Baseline:
+        if arena_bytes not in self._baselines:
+            self._baselines[arena_bytes] = simulate_baseline(self.analysis, arena_bytes=arena_bytes)
+        return self._baselines[arena_bytes]
+
+
+def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:
+    """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
+    for less by the measured overshoot, up to `_CALIBRATION_ROUNDS` times. Returns the first step that
+    fits (its measured peak recorded in the plan), or the last one planned."""
+    budget_bytes, function = planner.budget_bytes, step.function
+    target_bytes = step.plan.target_bytes
+    measured_peaks = []
+    for _ in range(_CALIBRATION_ROUNDS):
+        measured = _measured_peak(step, function, sample_inputs)
+        if measured is not None and measured <= budget_bytes:
+            step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
+            return step
+        if measured is not None:
+            measured_peaks.append(measured)
+        seen = "ran out of memory" if measured is None else f"peaked at {measured / MIB:.1f} MB"
+        # aim below what this plan predicted, by the measured overshoot (at least 5%; 10% after an OOM)
+        overshoot = measured - budget_bytes if measured is not None else target_bytes // 10
+        target_bytes = min(target_bytes, step.plan.predicted_peak_after_bytes) - max(overshoot, target_bytes // 20)
+        lowest_measured = min(measured_peaks, default=None)
+        if target_bytes <= planner.persistent_bytes:
+            raise InfeasibleBudgetError(
+                f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and no "
+                f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs) is "
+                f"{planner.persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
+                smallest_peak_bytes=step.plan.predicted_peak_after_bytes, measured_peak_bytes=lowest_measured,
+            )
+        try:
+            plan = planner.plan(target_bytes)
+        except InfeasibleBudgetError as error:
+            smallest = error.smallest_peak_bytes
+            if smallest is None or smallest >= step.plan.predicted_peak_after_bytes:
+                raise InfeasibleBudgetError(
+                    f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
+                    f"planning for less does not fit: {error}",
+                    smallest_peak_bytes=smallest, measured_peak_bytes=lowest_measured,
+                ) from None
+            target_bytes = smallest  # the most-swapping plan: its measurement decides
+            plan = planner.plan(target_bytes)
+        step = build_step(planner.analysis, plan, backend, function, step.original)
+    return step
+
+
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:
+    """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
+    synthetic), or None if one ran out of memory."""
+    args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
+    try:
+        return max(step_peaks(step, args, function.graph.variables, _CALIBRATION_CALLS))
+    except tf.errors.ResourceExhaustedError:
+        return None

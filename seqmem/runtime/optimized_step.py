@@ -1,0 +1,84 @@
+"""Building the runnable step: a rewritten GraphDef run with the original function's inputs and variables.
+
+The rewritten GraphDef is imported into a `tf.compat.v1.wrap_function` with the
+original variable handles mapped in, so variables update in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from seqmem.analysis import StepAnalysis
+from seqmem.edge import capture
+from seqmem.swap.plan import SwapPlan
+from seqmem.swap.rewrite import SwapBackend, rewrite
+from seqmem.units import MIB
+
+__all__ = ["OptimizedStep", "build_step"]
+
+
+class OptimizedStep:
+    """A training step rewritten to fit a budget; call it like the original.
+
+    graph_def: the rewritten graph. plan: what was swapped and why (see SwapPlan).
+    analysis: the analysis of the original step the plan was made on.
+    function: the original ConcreteFunction, original: what the caller passed
+    (a tf.function or `function`); both None for graph targets.
+    """
+
+    def __init__(self, analysis: StepAnalysis, plan: SwapPlan, graph_def: graph_pb2.GraphDef, function=None,
+                 original=None) -> None:
+        self.analysis = analysis
+        self.plan = plan
+        self.graph_def = graph_def
+        self.function = function
+        self.original = original
+        self._run = None
+        if function is not None:
+            self._run = original if not plan.decisions else _executable(function, graph_def)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._run is None:
+            raise TypeError("this step came from a graph: run .graph_def in a tf.compat.v1.Session")
+        try:
+            if self._run is self.original:
+                return self._run(*args)
+            outputs = self._run(*tf.nest.flatten(args))
+            return tf.nest.pack_sequence_as(self.function.structured_outputs, outputs)
+        except tf.errors.ResourceExhaustedError as error:
+            raise type(error)(
+                error.node_def, error.op,
+                f"{error.message}\nseqmem: the plan predicted a peak of "
+                f"{self.plan.predicted_peak_after_bytes / MIB:.1f} MB for a budget of "
+                f"{self.plan.budget_bytes / MIB:.1f} MB",
+            ) from None
+
+
+def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
+               function: Optional[capture.ConcreteFunction] = None, original: Any = None) -> OptimizedStep:
+    """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
+    tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise."""
+    graph_def = capture.to_graph_def(rewrite(analysis.graph, plan, backend))
+    return OptimizedStep(analysis, plan, graph_def, function, original)
+
+
+def _executable(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):
+    """A callable running `graph_def` with `function`'s flat inputs, its captures mapped in."""
+    captured = list(function.captured_inputs)
+    placeholders = function.graph.inputs
+    user_inputs = placeholders[: len(placeholders) - len(captured)]
+    capture_names = [t.name for t in placeholders[len(user_inputs):]]
+    output_names = [t.name for t in function.graph.outputs]
+
+    def body(*args):
+        input_map = {t.name: arg for t, arg in zip(user_inputs, args)}
+        graph = tf.compat.v1.get_default_graph()  # the wrap_function's FuncGraph
+        input_map.update({name: graph.capture(value) for name, value in zip(capture_names, captured)})
+        return tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=output_names,
+                                              name="seqmem")
+
+    signature = [tf.TensorSpec(t.shape, t.dtype) for t in user_inputs]
+    return tf.compat.v1.wrap_function(body, signature)

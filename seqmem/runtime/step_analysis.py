@@ -1,0 +1,57 @@
+"""Analyze a TensorFlow training step: capture it, measure what needs a device, then `analyze_graph`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+import tensorflow as tf
+
+from seqmem.analysis import StepAnalysis, analyze_graph
+from seqmem.critical_path import MachineModel
+from seqmem.edge import capture
+from seqmem.gc_pause import gc_paused
+from seqmem.ir.graph import TensorRef
+from seqmem.sim.simulator import simulate
+
+__all__ = ["analyze_function", "inter_op_threads", "predicted_peak_bytes"]
+
+
+def analyze_function(
+    function: Any,
+    *,
+    loss: Union[str, TensorRef, None] = None,
+    machine: MachineModel = MachineModel(),
+    op_time_s: Optional[Mapping[str, float]] = None,
+    measure_scratch: bool = False,
+) -> StepAnalysis:
+    """Analyze the training step `function` (a ConcreteFunction, or any target `capture.from_tf` takes).
+
+    op_time_s: measured seconds per node (from `edge.op_trace.trace_op_times`); static costs otherwise.
+    measure_scratch: probe kernels' scratch memory on the measuring device.
+    """
+    with gc_paused():  # capture builds many objects around a large graph
+        graph = capture.from_tf(function)
+    measured = None
+    if measure_scratch:
+        from seqmem.edge.scratch_probe import measure_scratch_bytes
+
+        measured = measure_scratch_bytes(graph)
+    return analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
+                         inter_op_threads=inter_op_threads())
+
+
+def inter_op_threads() -> int:
+    """Ops TensorFlow's executor may run at once in this process (its inter-op pool, at least 1)."""
+    threads = tf.config.threading.get_inter_op_parallelism_threads()
+    return threads if threads > 0 else max(1, os.cpu_count() or 1)
+
+
+def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int:
+    """seqmem's predicted peak device bytes (BFC allocator model) of one call of the unoptimized `function`.
+
+    measure_scratch: probe kernels' scratch memory on the measuring device, as `optimize` does.
+    """
+    analysis = analyze_function(function, measure_scratch=measure_scratch)
+    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes).peak_bytes

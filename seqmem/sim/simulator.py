@@ -1,0 +1,371 @@
+"""Memory simulator: live device bytes over one execution of a graph.
+
+Model (that of TensorFlow's executor with a BFC allocator):
+- A tensor's buffer is allocated when its producer runs and freed after its last
+  reader ran. Outputs nobody reads are freed right away; graph outputs live to
+  the end.
+- View ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer;
+  element-wise ops write into an input buffer of the same size whose last reader
+  they are (`op_tables.INPLACE_OPS`).
+- Parameters, constants, inputs and variables behind resource handles are
+  persistent: counted once, for the whole step.
+- While a node runs, its inputs, its outputs and its scratch memory
+  (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
+  memory while `order[i]` runs.
+- A `SwapEvent` moves a tensor to the host after `out_after` runs (once the
+  readers scheduled before `in_before` are done) and brings a fresh device copy
+  back just before `in_before` runs; readers from `in_before` on read the copy.
+
+Linear in the size of the graph: one pass over `order`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from seqmem.gc_pause import without_gc
+from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.op_tables import INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op
+from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
+from seqmem.sim.scratch import static_scratch_bytes
+
+__all__ = ["DeviceTimeline", "MemoryTrace", "SwapEvent", "simulate"]
+
+
+@dataclass(frozen=True)
+class SwapEvent:
+    """Move `tensor` to host after node `out_after`; restore it before node `in_before`."""
+
+    tensor: TensorRef
+    out_after: str
+    in_before: str
+
+
+@dataclass(frozen=True)
+class DeviceTimeline:
+    """Memory of one device over the schedule; all sizes in bytes.
+
+    live_bytes[i]: transient bytes live while the schedule's i-th node runs, as
+    the allocator model counts them.
+    peak_bytes: persistent_bytes + max(live_bytes).
+    live_at_peak: the tensors owning the buffers live at the peak, largest first.
+    tensor_persistent_bytes, tensor_live_bytes: the same sums of tensor sizes
+    alone, without the allocator's rounding and fragmentation (equal to the
+    above for the "exact" allocator).
+    """
+
+    device: str
+    persistent_bytes: int
+    live_bytes: tuple[int, ...]
+    peak_bytes: int
+    peak_step: int
+    live_at_peak: tuple[tuple[TensorRef, int], ...]
+    tensor_persistent_bytes: int
+    tensor_live_bytes: tuple[int, ...]
+
+    @property
+    def tensor_peak_bytes(self) -> int:
+        """tensor_persistent_bytes + max(tensor_live_bytes)."""
+        return self.tensor_persistent_bytes + max(self.tensor_live_bytes, default=0)
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Result of `simulate`.
+
+    order: the schedule simulated. devices: one timeline per device name ("" is
+    the default device). unknown_size: tensors whose size is unknown (counted as 0).
+    buffer_of: for every tensor, the tensor that owns the buffer it lives in
+    (itself, or the source of a view or an in-place write).
+    lifetimes: for every buffer owner, the schedule steps (allocated, freed) of
+    its original device buffer (a swapped-in copy is not listed); freed is -1
+    for buffers that outlive the step (persistent memory, graph outputs).
+    """
+
+    order: tuple[str, ...]
+    devices: Mapping[str, DeviceTimeline]
+    unknown_size: tuple[TensorRef, ...]
+    buffer_of: Mapping[TensorRef, TensorRef]
+    lifetimes: Mapping[TensorRef, tuple[int, int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest peak over all devices, in bytes."""
+        return max((t.peak_bytes for t in self.devices.values()), default=0)
+
+    def busiest(self) -> DeviceTimeline:
+        """The timeline of the device with the highest peak."""
+        return max(self.devices.values(), key=lambda t: t.peak_bytes)
+
+
+def _short_device(device: str) -> str:
+    marker = "device:"
+    return device[device.index(marker) + len(marker):] if marker in device else device
+
+
+class _Buffer:
+    __slots__ = ("size", "device", "owner", "pending", "persistent", "start", "end", "handle")
+
+    def __init__(self, size: int, device: str, owner: TensorRef, persistent: bool, start: int) -> None:
+        self.size, self.device, self.owner = size, device, owner
+        self.persistent, self.start = persistent, start
+        self.pending = 0
+        self.end = -1
+        self.handle = -1
+
+
+class _DeviceMemory:
+    """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent."""
+
+    def __init__(self, allocator: str, limit_bytes: int | None) -> None:
+        self.model = BFCAllocatorModel(limit_bytes) if allocator == "bfc" else ExactAllocator()
+        self.tensor_bytes = 0
+        self.persistent_bytes = 0
+        self.tensor_persistent_bytes = 0
+        self.persistent_handles: dict[TensorRef, int] = {}
+
+    def allocate(self, size: int) -> int:
+        self.tensor_bytes += size
+        return self.model.allocate(size)
+
+    def free(self, handle: int, size: int) -> None:
+        self.tensor_bytes -= size
+        self.model.free(handle)
+
+    def allocate_persistent(self, owner: TensorRef, size: int) -> None:
+        if owner not in self.persistent_handles:
+            before = self.model.in_use_bytes
+            self.persistent_handles[owner] = self.allocate(size)
+            self.persistent_bytes += self.model.in_use_bytes - before
+            self.tensor_persistent_bytes += size
+
+
+_ALLOCATORS = ("bfc", "exact")
+
+
+@without_gc
+def simulate(
+    graph: Graph,
+    order: Sequence[str],
+    swaps: Iterable[SwapEvent] = (),
+    allocator: str = "exact",
+    scratch_bytes: Mapping[str, int] | None = None,
+    limit_bytes: int | None = None,
+) -> MemoryTrace:
+    """Live-bytes timeline of running `graph` in `order`, with optional swaps.
+
+    order: every node of the graph once, each after its predecessors.
+    allocator: "exact" counts tensor bytes; "bfc" counts the chunks TensorFlow's
+    BFC allocator would hand out (see `seqmem.sim.allocator`), after one warm-up
+    run of the step, as a measured second step sees it.
+    scratch_bytes: bytes of scratch memory each node holds while it runs
+    (default: `sim.scratch.static_scratch_bytes`, a model of the largest known ones).
+    limit_bytes: the arena's size for the "bfc" model; its regions cannot grow
+    past it, so fragmentation can exhaust it before the bytes in use do.
+    Raises ValueError if `order` is not a valid schedule of the graph, a swap
+    refers to nodes out of order, or `allocator` is unknown; SimulatedOutOfMemoryError when the
+    "bfc" model cannot place a buffer within `limit_bytes`.
+    """
+    if allocator not in _ALLOCATORS:
+        raise ValueError(f"allocator must be one of {_ALLOCATORS}, got {allocator!r}")
+    position = {name: i for i, name in enumerate(order)}
+    _check_order(graph, order, position)
+    swap_by_tensor = _index_swaps(graph, swaps, position)
+    if scratch_bytes is None:
+        scratch_bytes = static_scratch_bytes(graph)
+    memories: dict[str, _DeviceMemory] = {}
+    if allocator == "bfc":
+        _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
+    return _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
+
+
+def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
+    """One pass over the schedule, allocating from (and leaving state in) `memories`."""
+    swap_ins_before: dict[int, list[TensorRef]] = {}
+    swap_outs_after: dict[int, list[TensorRef]] = {}
+    for ref, event in swap_by_tensor.items():
+        swap_ins_before.setdefault(position[event.in_before], []).append(ref)
+        swap_outs_after.setdefault(position[event.out_after], []).append(ref)
+
+    graph_outputs = set(graph.outputs)
+    buffer_of: dict[TensorRef, _Buffer] = {}
+    copy_of: dict[TensorRef, _Buffer] = {}
+    buffers: list[_Buffer] = []
+    timelines: dict[str, list[int]] = {}
+    unknown: list[TensorRef] = []
+
+    consumers = graph.consumers
+
+    def reads(ref: TensorRef, late: bool) -> int:
+        """Readers of `ref` that read the original (late=False) or the swapped-in copy."""
+        event = swap_by_tensor.get(ref)
+        if event is None:
+            return 0 if late else len(consumers(ref))
+        cut = position[event.in_before]
+        return sum(1 for r in consumers(ref) if (position[r] >= cut) == late)
+
+    def release(buffer: _Buffer, step: int) -> None:
+        buffer.pending -= 1
+        if buffer.pending == 0 and not buffer.persistent:
+            if buffer.size:
+                memories[buffer.device].free(buffer.handle, buffer.size)
+            buffer.end = step
+
+    nodes, short_devices = graph.nodes, {}
+    for step, name in enumerate(order):
+        node = nodes[name]
+        device = short_devices.get(node.device)
+        if device is None:
+            device = short_devices[node.device] = _short_device(node.device)
+        if device not in memories:
+            memories[device] = _DeviceMemory(*allocator)
+        memory = memories[device]
+        if node.resource_bytes:
+            memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)
+
+        for ref in swap_ins_before.get(step, ()):
+            original = buffer_of[ref]
+            copy = _Buffer(original.size, original.device, ref, False, step)
+            copy.pending = reads(ref, late=True)
+            copy_of[ref] = copy
+            buffers.append(copy)
+            copy.handle = memories[copy.device].allocate(copy.size)
+
+        new_buffers = []
+        persistent = is_persistent_op(node.op)
+        for index, info in enumerate(node.outputs):
+            ref = TensorRef(name, index)
+            size = info.size_bytes
+            if size is None:
+                unknown.append(ref)
+                size = 0
+            if ref in swap_by_tensor:
+                pending = reads(ref, late=False) + 1 + (ref in graph_outputs)
+            else:
+                pending = len(consumers(ref)) + (ref in graph_outputs)
+            source = view_source(node, index)
+            shared = buffer_of.get(source) if source is not None else None
+            if shared is None and node.op in INPLACE_OPS:
+                shared = _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs)
+            if shared is not None:
+                shared.pending += pending
+                buffer_of[ref] = shared
+                continue
+            buffer = _Buffer(size, device, ref, persistent, step)
+            buffer.pending = pending
+            buffer_of[ref] = buffer
+            buffers.append(buffer)
+            new_buffers.append(buffer)
+            if buffer.persistent:
+                memory.allocate_persistent(ref, size)
+            elif size:
+                buffer.handle = memory.allocate(size)
+
+        scratch = scratch_bytes.get(name, 0)
+        scratch_handle = memory.allocate(scratch) if scratch else None
+        for dev, other in memories.items():
+            if dev not in timelines:
+                timelines[dev] = ([0] * step, [0] * step)
+            live, tensor_live = timelines[dev]
+            live.append(other.model.in_use_bytes - other.persistent_bytes)
+            tensor_live.append(other.tensor_bytes - other.tensor_persistent_bytes)
+        if scratch_handle is not None:
+            memory.free(scratch_handle, scratch)
+
+        for ref in node.inputs:
+            event = swap_by_tensor.get(ref)
+            if event is not None and step >= position[event.in_before]:
+                release(copy_of[ref], step)
+            else:
+                release(buffer_of[ref], step)
+        for buffer in new_buffers:
+            if buffer.pending == 0 and not buffer.persistent:
+                if buffer.size:
+                    memory.free(buffer.handle, buffer.size)
+                buffer.end = step
+        for ref in swap_outs_after.get(step, ()):
+            release(buffer_of[ref], step)
+
+    return MemoryTrace(
+        order=tuple(order),
+        devices=_timelines(timelines, memories, buffers, len(order)),
+        unknown_size=tuple(unknown),
+        buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
+        lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
+    )
+
+
+def _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs) -> _Buffer | None:
+    """An input buffer `node` may overwrite: same size, not persistent, this node its last reader."""
+    for ref in node.inputs:
+        buffer = buffer_of[ref]
+        if (
+            buffer.size == size
+            and size > 0
+            and not buffer.persistent
+            and ref not in swap_by_tensor
+            and ref not in graph_outputs
+            and buffer.pending == sum(1 for r in node.inputs if buffer_of[r] is buffer)
+        ):
+            return buffer
+    return None
+
+
+def _timelines(timelines, memories, buffers, steps) -> dict[str, DeviceTimeline]:
+    result = {}
+    for device, (values, tensor_values) in timelines.items():
+        values = values + [0] * (steps - len(values))
+        tensor_values = tensor_values + [0] * (steps - len(tensor_values))
+        peak_step = max(range(steps), key=values.__getitem__) if steps else 0
+        at_peak = [
+            (b.owner, b.size)
+            for b in buffers
+            if b.device == device and not b.persistent and b.size and b.start <= peak_step
+            and (b.end < 0 or b.end >= peak_step)
+        ]
+        at_peak.sort(key=lambda item: (-item[1], item[0]))
+        persistent = memories[device].persistent_bytes
+        result[device] = DeviceTimeline(
+            device=device,
+            persistent_bytes=persistent,
+            live_bytes=tuple(values),
+            peak_bytes=persistent + (values[peak_step] if steps else 0),
+            peak_step=peak_step,
+            live_at_peak=tuple(at_peak),
+            tensor_persistent_bytes=memories[device].tensor_persistent_bytes,
+            tensor_live_bytes=tuple(tensor_values),
+        )
+    return result
+
+
+def _check_order(graph: Graph, order: Sequence[str], position: Mapping[str, int]) -> None:
+    if len(position) != len(order) or set(position) != set(graph.nodes):
+        raise ValueError("order must list every node of the graph exactly once")
+    for name in order:
+        for pred in graph.predecessors(name):
+            if position[pred] > position[name] and not _is_loop_back_edge(graph, pred, name):
+                raise ValueError(f"order runs {name!r} before its input {pred!r}")
+
+
+def _is_loop_back_edge(graph: Graph, pred: str, name: str) -> bool:
+    return graph.node(pred).op in LOOP_BACK_OPS and graph.node(name).op in LOOP_MERGE_OPS
+
+
+def _index_swaps(graph: Graph, swaps: Iterable[SwapEvent], position: Mapping[str, int]) -> dict[TensorRef, SwapEvent]:
+    by_tensor = {}
+    for event in swaps:
+        graph.tensor(event.tensor)
+        for name in (event.out_after, event.in_before):
+            if name not in position:
+                raise ValueError(f"swap of {event.tensor} names node {name!r}, which is not in the graph")
+        if not position[event.tensor.node] <= position[event.out_after] < position[event.in_before]:
+            raise ValueError(
+                f"swap of {event.tensor}: need producer <= out_after < in_before in the schedule, got "
+                f"{event.tensor.node!r}@{position[event.tensor.node]}, {event.out_after!r}@{position[event.out_after]}, "
+                f"{event.in_before!r}@{position[event.in_before]}"
+            )
+        if event.tensor in by_tensor:
+            raise ValueError(f"tensor {event.tensor} is swapped twice")
+        by_tensor[event.tensor] = event
+    return by_tensor

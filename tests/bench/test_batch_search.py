@@ -1,0 +1,69 @@
+"""The batch search's logic, with the fresh-process runner replaced by a fake device of known capacity."""
+
+import pytest
+
+from seqmem.bench import batch_search
+from seqmem.runtime.device import BudgetRun
+
+
+def _fake_device(capacity: int, crash_at=frozenset()):
+    probed = []
+
+    def run_with_budget(probe, batch, *args, budget_mb, timeout_s):
+        probed.append(batch)
+        if batch in crash_at:
+            return BudgetRun("crashed", message="exit status -11: Segmentation fault")
+        return BudgetRun("ok", value=probe(batch)) if batch <= capacity else BudgetRun("oom", message="OOM")
+
+    return run_with_budget, probed
+
+
+@pytest.mark.parametrize("capacity, start, limit", [(0, 1, 64), (1, 1, 64), (37, 1, 64), (64, 1, 64), (100, 1, 64),
+                                                    (37, 50, 64), (37, 8, 64), (5, 5, 5)])
+def test_finds_the_largest_batch_that_fits(monkeypatch, capacity, start, limit):
+    fake, probed = _fake_device(capacity)
+    monkeypatch.setattr(batch_search, "run_with_budget", fake)
+    found = batch_search.largest_batch(lambda batch: {"batch": batch}, budget_mb=1, limit=limit, start=start)
+    assert found.batch == min(capacity, limit)
+    assert max(probed) <= limit
+    assert all(found.values[b] == {"batch": b} for b in found.values)
+    assert found.notes == []
+
+
+def test_precision_stops_early_within_the_bound(monkeypatch):
+    exact_fake, exact_probes = _fake_device(700)
+    monkeypatch.setattr(batch_search, "run_with_budget", exact_fake)
+    assert batch_search.largest_batch(bool, budget_mb=1, limit=2048).batch == 700
+    rough_fake, rough_probes = _fake_device(700)
+    monkeypatch.setattr(batch_search, "run_with_budget", rough_fake)
+    rough = batch_search.largest_batch(bool, budget_mb=1, limit=2048, precision=0.05).batch
+    assert 700 * 0.95 <= rough <= 700
+    assert len(rough_probes) < len(exact_probes)
+
+
+def test_a_crashing_probe_counts_as_not_fitting_and_is_noted(monkeypatch):
+    fake, _ = _fake_device(40, crash_at={32})
+    monkeypatch.setattr(batch_search, "run_with_budget", fake)
+    found = batch_search.largest_batch(bool, budget_mb=1, limit=64)
+    assert found.batch == 31
+    assert found.notes == ["batch 32: crashed: exit status -11: Segmentation fault"]
+
+
+def test_a_falsy_result_does_not_fit(monkeypatch):
+    fake, _ = _fake_device(64)
+    monkeypatch.setattr(batch_search, "run_with_budget", fake)
+    assert batch_search.largest_batch(lambda batch: batch <= 10, budget_mb=1, limit=64).batch == 10
+
+
+@pytest.mark.parametrize("kwargs", [dict(limit=0), dict(limit=8, start=9), dict(limit=8, start=0),
+                                    dict(limit=8, precision=1.0)])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        batch_search.largest_batch(bool, budget_mb=1, **kwargs)
+
+
+def test_extrapolated_batch_is_where_an_affine_peak_meets_the_budget():
+    assert batch_search.extrapolated_batch(110, 120, 200) == 10  # 100 + 10 * batch
+    assert batch_search.extrapolated_batch(110, 120, 199) == 9
+    assert batch_search.extrapolated_batch(500, 600, 200) == 1  # even batch 1 is over: start at 1
+    assert batch_search.extrapolated_batch(100, 100, 10_000) > 1_000  # no growth measured: far out, not a division by zero

@@ -1,0 +1,127 @@
+"""models/resnet: builders, the image-folder loader, and the benchmark's command line."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.resnet import benchmark
+from models.resnet.data import image_folder, synthetic_batch
+from models.resnet.model import ResidualBlock, resnet
+
+
+def _weight_layers(model):
+    """Convolutions on the main path plus the classifier (projection shortcuts are not counted)."""
+    layers = [m for m in model.submodules if isinstance(m, (tf.keras.layers.Conv2D, tf.keras.layers.Dense))]
+    return sum(1 for layer in layers if layer.name != "shortcut")
+
+
+@pytest.mark.parametrize("depth, image_size", [(50, 224), (101, 64), (164, 32)])
+def test_depth_counts_weight_layers(depth, image_size):
+    assert _weight_layers(resnet(depth, image_size)) == depth
+
+
+def test_resnet50_has_the_documented_parameter_count():
+    model = resnet(50, 224, classes=1000)
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    assert trainable == 25_557_032  # torchvision's resnet50 has the same
+    assert round(model.count_params() / 1e6, 1) == 25.6  # with batch norm's moving statistics
+    assert model.output_shape == (None, 1000)
+
+
+@pytest.mark.parametrize("depth", [0, 34, 12, 2])
+def test_bad_depth_is_refused(depth):
+    with pytest.raises(ValueError, match="9n \\+ 2"):
+        resnet(depth)
+
+
+def test_recomputed_blocks_give_the_same_loss_and_gradients():
+    images, labels = synthetic_batch(4, 16, 10)
+    results = []
+    for recompute in (False, True):
+        tf.keras.utils.set_random_seed(0)
+        model = resnet(11, 16, 10, recompute=recompute)
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        results.append((loss, tape.gradient(loss, model.trainable_variables)))
+    (loss, grads), (loss_r, grads_r) = results
+    assert sum(isinstance(m, ResidualBlock) and m.recompute for m in model.submodules) == 3
+    np.testing.assert_allclose(loss_r, loss, rtol=1e-6)
+    for g, g_r in zip(grads, grads_r):
+        np.testing.assert_allclose(g_r, g, rtol=1e-4, atol=1e-6)  # same ops, recomputed: float reassociation only
+
+
+def _write_images(root, counts):
+    for name, count in counts.items():
+        os.makedirs(root / name, exist_ok=True)
+        for i in range(count):
+            pixels = np.full((20 + i, 30, 3), 40 * i, np.uint8)
+            (root / name / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+    (root / "cats" / "notes.txt").write_text("not an image")
+
+
+def test_image_folder_loads_classes_and_images(tmp_path):
+    _write_images(tmp_path, {"cats": 3, "dogs": 2})
+    dataset, classes = image_folder(str(tmp_path), image_size=8, batch=2, shuffle_seed=None)
+    assert classes == ["cats", "dogs"]
+    batches = list(dataset)
+    assert [b[0].shape.as_list() for b in batches] == [[2, 8, 8, 3], [2, 8, 8, 3], [1, 8, 8, 3]]
+    labels = np.concatenate([b[1].numpy() for b in batches])
+    assert labels.tolist() == [0, 0, 0, 1, 1]
+    assert 0.0 <= float(tf.reduce_min(batches[0][0])) and float(tf.reduce_max(batches[0][0])) <= 1.0
+    shuffled, _ = image_folder(str(tmp_path), image_size=8, batch=5, shuffle_seed=1)
+    assert sorted(next(iter(shuffled))[1].numpy().tolist()) == [0, 0, 0, 1, 1]
+
+
+def test_image_folder_bad_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        image_folder(str(tmp_path / "missing"), 8, 2)
+    with pytest.raises(ValueError, match="no class subfolders"):
+        image_folder(str(tmp_path), 8, 2)
+    (tmp_path / "empty_class").mkdir()
+    with pytest.raises(ValueError, match="no image files"):
+        image_folder(str(tmp_path), 8, 2)
+
+
+@pytest.mark.parametrize("argv", [["--depth", "12"], ["--budget-mb", "0"], ["--depths", "101,x"],
+                                  ["--precision", "1.5"], ["--frobnicate"]])
+def test_bad_flags_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(argv)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_benchmark_finds_a_larger_batch_with_seqmem_by_real_oom(tmp_path, capsys):
+    # the smallest configuration that shows the effect (measured by hand: B_base 64, B_opt 128 at these settings)
+    argv = ["--tables", "a", "--no-recompute", "--depth", "20", "--image-size", "32", "--classes", "10",
+            "--budget-mb", "256", "--max-batch", "128", "--precision", "0.25", "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    report = json.loads((tmp_path / "resnet-benchmark.json").read_text())
+    table_a = report["table_a"]
+    base, opt = table_a["baseline"]["batch"], table_a["seqmem"]["batch"]
+    assert base >= 1 and opt > base  # seqmem trains a larger batch under the same budget, by real OOM
+    assert table_a["limit"]["batch"] >= opt * 0.75  # the graph bound is an upper bound, up to the search's 25%
+    assert sorted(report["at_base"]) == ["baseline", "seqmem"]
+    for measured in report["at_base"].values():
+        # measured in an arena of twice the budget: B_base's later steps may exceed the budget
+        assert 0 < measured["peak_bytes"] <= 2 * report["args"]["budget_mb"] << 20
+        assert measured["images_per_s"] > 0 and measured["predicted_peak_bytes"] > 0
+    assert (tmp_path / "resnet-memory.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "Table 1(a)" in printed
+
+
+def test_report_with_table_b_only():
+    row = {"depth": 1001, "baseline": {"error": "oom", "message": ""},
+           "seqmem": {"peak_bytes": 1400 << 20, "predicted_peak_bytes": 1200 << 20, "swaps": 157}}
+    report = {"args": {"depth_batch": 8, "depth_image_size": 32, "depth_budget_mb": 1536},
+              "table_a": {}, "at_base": {}, "at_opt": {}, "table_b": [row]}
+    printed = benchmark.format_report(report)
+    assert printed.startswith("Table 1(b)") and "Table 1(a)" not in printed
+    assert "| ResNet-1001 | OOM | 1400 (1200) | 157 |" in printed

@@ -1,0 +1,79 @@
+"""Jobs run in fresh emulated-device processes by test_optimize (module-level, so they pickle)."""
+
+import numpy as np
+
+
+def equivalence(name, batch, steps=3):
+    """Optimized vs original step, same initial weights: (#swaps, losses equal, variables equal)."""
+    import tensorflow as tf
+
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+    original, copy = build_example(name, batch), build_example(name, batch)
+    before = optimize(copy.step, 1e6, input_signature=copy.input_specs).plan.predicted_peak_before_bytes
+    step = None
+    for fraction in (0.8, 0.85, 0.9, 0.95, 0.98):
+        try:
+            step = optimize(copy.step, fraction * before / (1 << 20), input_signature=copy.input_specs,
+                            safety_margin=0.0, calibrate=False)
+            break
+        except InfeasibleBudgetError:
+            continue
+    if step is None:
+        raise AssertionError(f"no budget below {before} bytes was feasible")
+    args = original.make_inputs(0)
+    losses = [float(original.step(*args)) for _ in range(steps)]
+    optimized_losses = [float(step(*args)) for _ in range(steps)]
+    same_variables = all(
+        np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
+    )
+    return len(step.plan.decisions), losses == optimized_losses, same_variables
+
+
+def host_device_backend_equivalence():
+    """The GPU backend with two logical CPUs: compute on CPU:1, host copies on CPU:0."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.experimental.enable_op_determinism()
+    from seqmem.edge.swap_nodes import HostDeviceBackend
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime.optimize import optimize
+
+    with tf.device("/device:CPU:1"):
+        original, copy = build_example("cnn", 32), build_example("cnn", 32)
+        args = original.make_inputs(0)
+        before = optimize(copy.step, 1e6, input_signature=copy.input_specs).plan.predicted_peak_before_bytes
+        step = optimize(copy.step, 0.9 * before / (1 << 20), input_signature=copy.input_specs, safety_margin=0.0,
+                        calibrate=False, backend=HostDeviceBackend("/device:CPU:0", "/device:CPU:1"))
+        losses = [float(original.step(*args)) for _ in range(2)]
+        optimized = [float(step(*args)) for _ in range(2)]
+    host_nodes = [n.device for n in step.graph_def.node if n.name.startswith("seqmem_swap") and n.name.endswith("/out")]
+    return len(step.plan.decisions), losses == optimized, sorted(set(host_nodes))
+
+
+def keras_fit(batch, seqmem_budget_mb=None, epochs=2, example="cnn"):
+    """model.fit of a built-in example on synthetic data, optionally under seqmem; (loss history, swaps made)."""
+    import tensorflow as tf
+
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime.keras import fit_within_budget
+
+    tf.config.experimental.enable_op_determinism()
+    built = build_example(example, batch)
+    images, labels = built.make_inputs(0)
+    model = built.model
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fitted = {}
+    if seqmem_budget_mb is not None:
+        fit_within_budget(model, seqmem_budget_mb, safety_margin=0.3)
+        fitted = model.train_function.optimized_steps
+    dataset = tf.data.Dataset.from_tensor_slices((tf.concat([images, images], 0), tf.concat([labels, labels], 0)))
+    history = model.fit(dataset.batch(batch), epochs=epochs, verbose=0, shuffle=False)
+    swaps = len(next(iter(fitted.values())).plan.decisions) if seqmem_budget_mb is not None else 0
+    return history.history["loss"], swaps

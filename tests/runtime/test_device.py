@@ -1,0 +1,61 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seqmem.errors import TensorFlowAlreadyInitializedError
+from seqmem.runtime import device
+
+
+def allocate_mb(megabytes):
+    import tensorflow as tf
+
+    tensor = tf.ones([megabytes * 1024 * 256])
+    stats = device.memory_stats()
+    return float(tf.reduce_sum(tensor)), stats.peak_bytes
+
+
+def raise_value_error():
+    raise ValueError("boom")
+
+
+def crash():
+    os.abort()
+
+
+@pytest.mark.device
+def test_run_with_budget_reports_ok_and_oom():
+    ok = device.run_with_budget(allocate_mb, 8, budget_mb=64)
+    assert ok.verdict == "ok"
+    assert ok.value[0] == 8 * 1024 * 256
+    assert ok.value[1] >= 8 << 20
+    oom = device.run_with_budget(allocate_mb, 128, budget_mb=64)
+    assert oom.verdict == "oom" and "OOM" in oom.message
+
+
+@pytest.mark.device
+def test_run_with_budget_reports_errors_and_crashes_without_raising():
+    error = device.run_with_budget(raise_value_error, budget_mb=64)
+    assert error.verdict == "error" and "ValueError: boom" in error.message
+    assert device.run_with_budget(crash, budget_mb=64).verdict == "crashed"
+
+
+@pytest.mark.parametrize("budget", [0, -5, float("nan"), "12", True])
+def test_bad_budgets_are_rejected(budget):
+    with pytest.raises(ValueError, match="positive number"):
+        device.emulated_device_env(budget)
+
+
+def test_configure_after_tensorflow_import_is_refused():
+    import tensorflow  # noqa: F401 - the point is that TensorFlow is loaded
+
+    with pytest.raises(TensorFlowAlreadyInitializedError, match="run_with_budget"):
+        device.configure_emulated_device(100)
+
+
+def test_memory_stats_refuses_plain_cpu():
+    code = "from seqmem.runtime import device; device.memory_stats('CPU:0')"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "emulated device" in result.stderr

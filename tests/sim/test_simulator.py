@@ -1,0 +1,120 @@
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.sim.simulator import SwapEvent, simulate
+from tests.builders import graph, node, training_graph
+
+
+def _order(g):
+    return g.topological_order()
+
+
+def test_peak_by_hand():
+    g = training_graph()
+    trace = simulate(g, _order(g))
+    device = trace.devices[""]
+    assert device.persistent_bytes == 100 + 40 + 4
+    assert device.live_bytes == (0, 0, 1000, 3000, 3004, 3000, 5000, 4000, 1000)
+    assert device.peak_bytes == 144 + 5000
+    assert trace.order[device.peak_step] == "gradient_tape/g2"
+    assert dict(device.live_at_peak) == {TensorRef("f1"): 1000, TensorRef("f2"): 2000, TensorRef("gradient_tape/g2"): 2000}
+
+
+def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
+    g = graph(
+        node("x", "Placeholder", outputs=(8,)),
+        node("a", "Op", ["x"], outputs=(1000,)),
+        node("view", "Reshape", ["a"], outputs=(1000,)),
+        node("relu", "Relu", ["view"], outputs=(1000,)),   # a's last reader: writes in place
+        node("out", "Op", ["relu"], outputs=(10,)),
+    )
+    trace = simulate(g, _order(g))
+    assert max(trace.devices[""].live_bytes) == 1010
+    assert trace.buffer_of[TensorRef("relu")] == TensorRef("a")
+
+
+def test_graph_outputs_live_to_the_end():
+    g = graph(node("a", "Op", outputs=(100,)), node("b", "Op", outputs=(5,)), outputs=["a"])
+    assert simulate(g, _order(g)).devices[""].live_bytes == (100, 105)
+
+
+def test_swap_moves_a_tensor_off_the_device_between_out_and_in():
+    g = training_graph()
+    baseline = simulate(g, _order(g)).devices[""]
+    # f1 leaves after f2 ran and comes back just before g1 reads it.
+    trace = simulate(g, _order(g), [SwapEvent(TensorRef("f1"), "f2", "gradient_tape/g1")])
+    swapped = trace.devices[""]
+    assert swapped.live_bytes == (0, 0, 1000, 3000, 2004, 2000, 4000, 4000, 1000)
+    assert swapped.peak_bytes == baseline.peak_bytes - 1000
+
+
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        (SwapEvent(TensorRef("f1"), "gradient_tape/g1", "f2"), "need producer <= out_after < in_before"),
+        (SwapEvent(TensorRef("f1"), "f2", "nope"), "names node 'nope'"),
+    ],
+)
+def test_bad_swaps_are_rejected(event, message):
+    g = training_graph()
+    with pytest.raises(ValueError, match=message):
+        simulate(g, _order(g), [event])
+
+
+def test_bad_order_is_rejected():
+    g = training_graph()
+    with pytest.raises(ValueError, match="before its input"):
+        simulate(g, tuple(reversed(_order(g))))
+    with pytest.raises(ValueError, match="exactly once"):
+        simulate(g, _order(g)[:-1])
+
+
+@st.composite
+def random_dags(draw):
+    count = draw(st.integers(2, 25))
+    nodes = []
+    for i in range(count):
+        preds = draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else []
+        sizes = draw(st.lists(st.integers(0, 5000), min_size=1, max_size=2))
+        op = draw(st.sampled_from(["Op", "Relu", "Identity", "Placeholder"])) if not preds else draw(
+            st.sampled_from(["Op", "Relu", "Identity", "AddV2"]))
+        outputs = tuple(TensorInfo("float32", (s // 4,), s - s % 4) for s in sizes)
+        inputs = tuple(TensorRef(f"n{p}", 0) for p in preds)
+        nodes.append(Node(f"n{i}", op, inputs=inputs, outputs=outputs))
+    return Graph(nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_dags())
+def test_random_dag_invariants(g):
+    order = g.topological_order()
+    position = {name: i for i, name in enumerate(order)}
+    for name in order:
+        assert all(position[p] < position[name] for p in g.predecessors(name))
+    trace = simulate(g, order)
+    device = trace.devices[""]
+    for name in order:
+        node = g.node(name)
+        touched = set(node.inputs) | {TensorRef(name, i) for i in range(len(node.outputs))}
+        buffers = {trace.buffer_of[ref] for ref in touched}
+        working_set = sum(g.tensor(b).size_bytes for b in buffers if g.node(b.node).op != "Placeholder")
+        assert device.peak_bytes >= working_set
+    for ref, owner in trace.buffer_of.items():
+        readers = [position[r] for r in g.consumers(ref)]
+        start, end = trace.lifetimes[owner]
+        if readers and end >= 0:
+            assert end >= max(readers), f"{owner} freed at {end} before its reader at {max(readers)}"
+
+
+@settings(max_examples=50, deadline=None)
+@given(random_dags())
+def test_bfc_trace_also_counts_the_exact_tensor_bytes(g):
+    order = g.topological_order()
+    exact = simulate(g, order).devices[""]
+    bfc = simulate(g, order, allocator="bfc").devices[""]
+    assert bfc.tensor_live_bytes == exact.live_bytes == exact.tensor_live_bytes
+    assert bfc.tensor_peak_bytes == exact.peak_bytes
+    assert bfc.peak_bytes >= exact.peak_bytes
