@@ -209,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if getattr(args, "safety_margin", 0.0) is not None and not 0 <= getattr(args, "safety_margin", 0.0) < 1:
+    if not 0 <= getattr(args, "safety_margin", 0.0) < 1:
         parser.error(f"--safety-margin must be in [0, 1), got {args.safety_margin}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter in the child processes
     return args.run(args)

@@ -88,8 +88,9 @@ def optimize(
         )
     function = capture.concrete_function(target, tuple(input_signature or ()))
     original = target if not isinstance(target, capture.ConcreteFunction) else function
-    calibrating = calibrate and device.measuring_device_present()
-    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=device.measuring_device_present())
+    measuring = device.measuring_device_present()
+    calibrating = calibrate and measuring
+    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring)
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating)
