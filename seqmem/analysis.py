@@ -15,7 +15,7 @@ from seqmem.anatomy import StepAnatomy, analyze_step
 from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.sim.schedule import schedule
+from seqmem.sim.schedule import executor_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 
 __all__ = ["StepAnalysis", "analyze_graph"]
@@ -47,8 +47,10 @@ def analyze_graph(
     op_time_s: measured seconds per node (static costs from shapes otherwise).
     measured_scratch_bytes: kernels' scratch bytes measured on a device, by node
     name; they replace the static model's estimate for those nodes.
-    inter_op_threads: ops the executor may run at once; each is charged the
-    scratch of up to that many - 1 ops overlapping it in time.
+    inter_op_threads: ops the executor may run at once. One (the emulated
+    device's one compute stream): nodes run in `executor_order`. More: in
+    ASAP order, each charged the scratch of up to that many - 1 ops
+    overlapping it in time.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -59,5 +61,7 @@ def analyze_graph(
         timing = analyze_timing(graph, cost_s, anatomy.loss.node)
         scratch = static_scratch_bytes(graph)
         scratch.update(measured_scratch_bytes or {})
+        if inter_op_threads == 1:
+            return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch)
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch)

@@ -61,11 +61,16 @@ def _profile_example(name: str, batch: int) -> tuple[int, int, tuple[int, int]]:
     return result.predicted_peak_bytes, measured.median_bytes, (measured.min_bytes, measured.max_bytes)
 
 
-def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: float = 300.0) -> list[AccuracyRow]:
-    """Profile each (example, batch) in `cases` in its own emulated-device process."""
+def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: float = 300.0,
+                     one_stream: bool = False) -> list[AccuracyRow]:
+    """Profile each (example, batch) in `cases` in its own emulated-device process.
+
+    one_stream: one op at a time (see `runtime.device`); the simulator then follows the executor's order.
+    """
     rows = []
     for name, batch in cases:
-        run = run_with_budget(_profile_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s)
+        run = run_with_budget(_profile_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s,
+                              one_stream=one_stream)
         predicted, measured, spread = run.value if run.ok else (None, None, None)
         rows.append(AccuracyRow(name, batch, predicted, measured, spread, run.verdict))
     return rows

@@ -196,6 +196,11 @@ class Graph:
 
     # -- order and reachability ----------------------------------------------
 
+    def ordering_predecessors(self, name: str) -> tuple[str, ...]:
+        """The nodes `name` waits on before it can run, in input order, once each: its inputs and
+        control inputs, except a loop Merge's back edge (NextIteration)."""
+        return tuple(dict.fromkeys(self._ordering_predecessors(self.node(name))))
+
     def _ordering_predecessors(self, node: Node) -> Iterable[str]:
         for ref in node.inputs:
             if node.op in LOOP_MERGE_OPS and self._nodes[ref.node].op in LOOP_BACK_OPS:

@@ -8,6 +8,7 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
+    "INEXPENSIVE_KERNEL_OPS",
     "INPLACE_OPS",
     "LOOP_BACK_OPS",
     "LOOP_MERGE_OPS",
@@ -21,6 +22,21 @@ __all__ = [
 # left out of topological orders, as TensorFlow's executor does.
 LOOP_BACK_OPS = frozenset(["NextIteration", "RefNextIteration"])
 LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
+
+# Ops whose kernels tell TensorFlow's executor they are inexpensive
+# (OpKernel::IsExpensive() is false), so the executor runs them inline
+# whatever they cost: control flow, no-ops and resource-handle reads.
+INEXPENSIVE_KERNEL_OPS = frozenset([
+    "Enter",
+    "Exit",
+    "LoopCond",
+    "Merge",
+    "NextIteration",
+    "NoOp",
+    "ReadVariableOp",
+    "Switch",
+    "VarHandleOp",
+])
 
 # Ops whose outputs live for the whole step outside the step's own allocations:
 # parameters, constants and resource handles, and the step's inputs.

@@ -8,6 +8,16 @@ kernels crash the process when that arena is full. These variables are read
 once, when TensorFlow starts, so each budget needs a fresh process:
 `run_with_budget` runs a callable in one and returns its result or a verdict.
 
+One compute stream (`one_stream=True`): TensorFlow's executor gets one
+inter-op thread, so it runs one op at a time, as a GPU's single compute stream
+runs kernels one after another, and the simulator follows its order
+(`sim.schedule.executor_order`). Intra-op threads (inside one kernel) are left
+as they are. It does not model a GPU's copy engines running beside the compute
+stream: on the emulated device a swap is computed by the same threads. Off by
+default: the executor then defers expensive kernels last-in-first-out, which
+keeps gradients alive that swapping cannot free, until seqmem pins its planned
+order in optimized steps.
+
 This module does not import TensorFlow at import time.
 """
 
@@ -27,6 +37,7 @@ from seqmem.errors import TensorFlowAlreadyInitializedError
 __all__ = [
     "BudgetRun",
     "MemoryStats",
+    "apply_thread_settings",
     "check_budget_mb",
     "configure_emulated_device",
     "emulated_budget_mb",
@@ -41,16 +52,38 @@ __all__ = [
 _ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 _ENV_LIMIT = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 _ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+_ENV_INTER_OP = "SEQMEM_INTER_OP_THREADS"  # read by `apply_thread_settings`, not by TensorFlow
 
 
-def emulated_device_env(budget_mb: int) -> dict[str, str]:
-    """Environment variables that make the CPU an emulated device of `budget_mb` MiB."""
+def emulated_device_env(budget_mb: int, one_stream: bool = False) -> dict[str, str]:
+    """Environment variables that make the CPU an emulated device of `budget_mb` MiB.
+
+    one_stream: run one op at a time (see the module docstring); False (the
+    default) keeps TensorFlow's default inter-op thread pool.
+    """
     check_budget_mb(budget_mb)
-    return {
+    env = {
         _ENV_BFC: "true",
         _ENV_LIMIT: str(int(budget_mb)),
         _ENV_ONEDNN: "0",
     }
+    if one_stream:
+        env[_ENV_INTER_OP] = "1"
+    return env
+
+
+def apply_thread_settings() -> None:
+    """Give TensorFlow the emulated device's inter-op thread count, if this process was configured with one.
+
+    Must run before TensorFlow runs its first op; does nothing in a process not configured with one.
+    """
+    threads = os.environ.get(_ENV_INTER_OP)
+    if not threads:
+        return
+    import tensorflow as tf
+
+    if tf.config.threading.get_inter_op_parallelism_threads() != int(threads):
+        tf.config.threading.set_inter_op_parallelism_threads(int(threads))
 
 
 def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
@@ -60,23 +93,26 @@ def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
     return value
 
 
-def configure_emulated_device(budget_mb: int) -> None:
+def configure_emulated_device(budget_mb: int, one_stream: bool = False) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
-    Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
+    one_stream: one op at a time (see the module docstring). Must run before
+    TensorFlow is imported; imports it. Raises TensorFlowAlreadyInitializedError
     if TensorFlow is already loaded with other settings (use `run_with_budget`,
     which starts a fresh process), ValueError for a non-positive budget.
     """
-    wanted = emulated_device_env(budget_mb)
+    wanted = emulated_device_env(budget_mb, one_stream)
     if "tensorflow" in sys.modules:
-        if all(os.environ.get(k) == v for k, v in wanted.items()):
+        if all(os.environ.get(k) == v for k, v in wanted.items()) and (one_stream or _ENV_INTER_OP not in os.environ):
             return
         raise TensorFlowAlreadyInitializedError(
             "TensorFlow is already imported in this process, so the emulated device's memory limit can no "
             "longer take effect; call configure_emulated_device() before importing tensorflow, or use "
             "seqmem.runtime.device.run_with_budget() to run in a fresh process"
         )
+    os.environ.pop(_ENV_INTER_OP, None)
     os.environ.update(wanted)
+    apply_thread_settings()
 
 
 def emulated_budget_mb() -> int | None:
@@ -159,16 +195,18 @@ def run_with_budget(
     *args: Any,
     budget_mb: int,
     timeout_s: float = 600.0,
+    one_stream: bool = False,
     **kwargs: Any,
 ) -> BudgetRun:
     """Run `function(*args, **kwargs)` in a fresh process on an emulated device of `budget_mb` MiB.
 
-    `function` must be importable by module and name (a module-level function),
+    one_stream: one op at a time (see the module docstring). `function` must be importable by module and name (a module-level function),
     and its arguments and result picklable. Never raises for what happens in the
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
     """
     env = dict(os.environ)
-    env.update(emulated_device_env(budget_mb))
+    env.pop(_ENV_INTER_OP, None)
+    env.update(emulated_device_env(budget_mb, one_stream))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the child's stderr is kept only for a crash's message
     with tempfile.TemporaryDirectory(prefix="seqmem-budget-") as workdir:
         job_path = os.path.join(workdir, "job.pkl")
@@ -197,6 +235,8 @@ def _worker(job_path: str, result_path: str) -> None:
     with open(job_path, "rb") as job:
         function, args, kwargs = pickle.load(job)
     import tensorflow as tf
+
+    apply_thread_settings()
 
     try:
         outcome = BudgetRun("ok", value=function(*args, **kwargs))

@@ -16,6 +16,12 @@ def allocate_mb(megabytes):
     return float(tf.reduce_sum(tensor)), stats.peak_bytes
 
 
+def inter_op_threads():
+    import tensorflow as tf
+
+    return tf.config.threading.get_inter_op_parallelism_threads()
+
+
 def raise_value_error():
     raise ValueError("boom")
 
@@ -39,6 +45,16 @@ def test_run_with_budget_reports_errors_and_crashes_without_raising():
     error = device.run_with_budget(raise_value_error, budget_mb=64)
     assert error.verdict == "error" and "ValueError: boom" in error.message
     assert device.run_with_budget(crash, budget_mb=64).verdict == "crashed"
+
+
+@pytest.mark.device
+def test_one_stream_runs_one_op_at_a_time():
+    assert device.run_with_budget(inter_op_threads, budget_mb=64, one_stream=True).value == 1
+
+
+def test_one_stream_is_part_of_the_emulated_device_environment():
+    assert device.emulated_device_env(64, one_stream=True)["SEQMEM_INTER_OP_THREADS"] == "1"
+    assert "SEQMEM_INTER_OP_THREADS" not in device.emulated_device_env(64)
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), "12", True])
