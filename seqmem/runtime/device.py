@@ -96,8 +96,8 @@ def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
 def configure_emulated_device(budget_mb: int, one_stream: bool = False) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
-    one_stream: one op at a time (see the module docstring). Must run before
-    TensorFlow is imported; imports it. Raises TensorFlowAlreadyInitializedError
+    one_stream: one op at a time (see the module docstring; imports
+    TensorFlow to set it). Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
     if TensorFlow is already loaded with other settings (use `run_with_budget`,
     which starts a fresh process), ValueError for a non-positive budget.
     """
@@ -200,7 +200,8 @@ def run_with_budget(
 ) -> BudgetRun:
     """Run `function(*args, **kwargs)` in a fresh process on an emulated device of `budget_mb` MiB.
 
-    one_stream: one op at a time (see the module docstring). `function` must be importable by module and name (a module-level function),
+    one_stream: one op at a time (see the module docstring).
+    `function` must be importable by module and name (a module-level function),
     and its arguments and result picklable. Never raises for what happens in the
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
     """
