@@ -82,8 +82,7 @@ def apply_thread_settings() -> None:
         return
     import tensorflow as tf
 
-    if tf.config.threading.get_inter_op_parallelism_threads() != int(threads):
-        tf.config.threading.set_inter_op_parallelism_threads(int(threads))
+    tf.config.threading.set_inter_op_parallelism_threads(int(threads))  # a no-op when already set
 
 
 def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
@@ -103,7 +102,7 @@ def configure_emulated_device(budget_mb: int, one_stream: bool = False) -> None:
     """
     wanted = emulated_device_env(budget_mb, one_stream)
     if "tensorflow" in sys.modules:
-        if all(os.environ.get(k) == v for k, v in wanted.items()) and (one_stream or _ENV_INTER_OP not in os.environ):
+        if all(os.environ.get(k) == wanted.get(k) for k in (*wanted, _ENV_INTER_OP)):
             return
         raise TensorFlowAlreadyInitializedError(
             "TensorFlow is already imported in this process, so the emulated device's memory limit can no "

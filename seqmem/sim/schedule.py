@@ -44,18 +44,17 @@ def executor_order(graph: Graph, cost_s: Mapping[str, float], inline_below_s: fl
 
     The executor meets a node's readers in the order of the graph Grappler
     returns, which seqmem does not see; taking them in reverse graph order
-    matched measured traces best (ResNet-14: 172 of 654 adjacent pairs out of
-    order, against 205 in graph order).
+    matched measured traces best (ResNet-14 at batch 128: 172 of 654 adjacent
+    pairs out of order, against 209 in graph order).
     """
     names = list(graph.nodes)
-    index = {name: i for i, name in enumerate(names)}
-    waiting = {name: len(graph.ordering_predecessors(name)) for name in names}
+    waiting = {}
     released_by: dict[str, list[str]] = {name: [] for name in names}
-    for name in names:
-        for pred in graph.ordering_predecessors(name):
+    for name in reversed(names):  # so each node's readers come in reverse graph order
+        preds = graph.ordering_predecessors(name)
+        waiting[name] = len(preds)
+        for pred in preds:
             released_by[pred].append(name)
-    for readers in released_by.values():
-        readers.sort(key=index.__getitem__, reverse=True)
 
     def inline(name: str) -> bool:
         return graph.node(name).op in _ALWAYS_INLINE_OPS or cost_s[name] < inline_below_s
@@ -67,13 +66,11 @@ def executor_order(graph: Graph, cost_s: Mapping[str, float], inline_below_s: fl
         while queue:
             name = queue.popleft()
             order.append(name)
-            ready = []
+            expensive = []
             for reader in released_by[name]:
                 waiting[reader] -= 1
                 if waiting[reader] == 0:
-                    ready.append(reader)
-            expensive = [reader for reader in ready if not inline(reader)]
-            queue.extend(reader for reader in ready if inline(reader))
+                    (queue if inline(reader) else expensive).append(reader)
             if expensive and not queue:
                 queue.append(expensive.pop())
             pool.extendleft(expensive)
