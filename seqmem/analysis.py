@@ -8,6 +8,7 @@ calls `analyze_graph`. The result is plain data; nothing here runs the step.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -15,7 +16,7 @@ from seqmem.anatomy import StepAnatomy, analyze_step
 from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.sim.schedule import executor_order, schedule
+from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 
 __all__ = ["StepAnalysis", "analyze_graph"]
@@ -24,13 +25,27 @@ __all__ = ["StepAnalysis", "analyze_graph"]
 @dataclass(frozen=True)
 class StepAnalysis:
     """A training step's graph, its parts, timing, schedule and per-node scratch bytes
-    (concurrent ops' scratch included)."""
+    (concurrent ops' scratch included).
+
+    order: the order the step runs in as it is. pinned_order: the order it runs
+    in on one compute stream once pinned to its ASAP schedule
+    (`seqmem.swap.pin`); empty when it cannot be pinned (TF1 control flow) or
+    the executor runs more than one op at a time.
+    """
 
     graph: Graph
     anatomy: StepAnatomy
     timing: Timing
     order: tuple[str, ...]
     scratch_bytes: Mapping[str, int]
+    pinned_order: tuple[str, ...] = ()
+
+    def pinned(self) -> "StepAnalysis":
+        """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
+        Raises ValueError when the step cannot be pinned."""
+        if not self.pinned_order:
+            raise ValueError("this step cannot be pinned: it has TF1 control flow or runs on more than one thread")
+        return dataclasses.replace(self, order=self.pinned_order)
 
 
 def analyze_graph(
@@ -48,9 +63,9 @@ def analyze_graph(
     measured_scratch_bytes: kernels' scratch bytes measured on a device, by node
     name; they replace the static model's estimate for those nodes.
     inter_op_threads: ops the executor may run at once. One (the emulated
-    device's one compute stream): nodes run in `executor_order`. More: in
-    ASAP order, each charged the scratch of up to that many - 1 ops
-    overlapping it in time.
+    device's one compute stream): nodes run in `executor_order`, or in
+    `pinned_order` once pinned. More: in ASAP order, each charged the scratch
+    of up to that many - 1 ops overlapping it in time.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -62,6 +77,7 @@ def analyze_graph(
         scratch = static_scratch_bytes(graph)
         scratch.update(measured_scratch_bytes or {})
         if inter_op_threads == 1:
-            return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch)
+            return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
+                                pinned_order(graph, timing))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch)

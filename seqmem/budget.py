@@ -16,6 +16,7 @@ Persistent memory (weights, optimizer slots, inputs) counts against the budget.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -133,6 +134,7 @@ def plan_swaps(
     min_swap_bytes: int = 64 << 10,
     allocator: str = "bfc",
     arena_bytes: Optional[int] = None,
+    pinned: bool = False,
 ) -> SwapPlan:
     """Choose feature maps to swap so that the predicted peak fits `target_bytes`.
 
@@ -141,8 +143,8 @@ def plan_swaps(
     for (default: the budget itself); `optimize` plans below the budget by its
     safety margin, and its calibration may aim at the smallest achievable peak
     even when that is over the budget, to let the device decide. baseline: the unoptimized step's
-    simulation under the same `allocator` and `arena_bytes`, when the caller
-    already has it (calibration plans several times).
+    simulation under the same `allocator`, `arena_bytes` and pinning, when the
+    caller already has it (calibration plans several times).
     arena_bytes: the device arena's size, when known (the emulated device's
     limit): a plan whose buffers the allocator model cannot place in it, for
     fragmentation, does not fit either.
@@ -151,17 +153,23 @@ def plan_swaps(
     InfeasibleBudgetError, naming the smallest achievable peak and the op that
     sets it, when swapping every candidate is not enough; ArenaFragmentationError
     when the bytes fit but the allocator model cannot place them in the arena.
+    pinned: plan for the step pinned to its schedule (`StepAnalysis.pinned`);
+    the plan records that order, and the rewrite pins it even without swaps.
     """
     target_bytes = budget_bytes if target_bytes is None else target_bytes
     if target_bytes <= 0:
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
+    if pinned:
+        analysis = analysis.pinned()
     graph, anatomy, timing, order = analysis.graph, analysis.anatomy, analysis.timing, analysis.order
     if baseline is None:
         baseline = simulate_baseline(analysis, allocator=allocator, arena_bytes=arena_bytes)
     before = baseline.trace
+    pinned_order = analysis.order if pinned else ()
     if before.peak_bytes <= target_bytes and baseline.placed:
+        fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: returned unchanged"
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
-                        notes=("the step already fits the budget: returned unchanged",))
+                        notes=(f"the step {fits}",), pinned_order=pinned_order)
 
     device = before.busiest()
     tree = _MaxTree(device.tensor_live_bytes)
@@ -192,7 +200,10 @@ def plan_swaps(
             forced = 1
         if after.peak_bytes > target_bytes:
             live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
-    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
+    plan = dataclasses.replace(
+        _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes),
+        pinned_order=pinned_order,
+    )
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
     if after.peak_bytes <= target_bytes and not placed:
         raise ArenaFragmentationError(

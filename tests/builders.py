@@ -41,3 +41,13 @@ def training_graph():
         node("gradient_tape/g1", "Op", ["gradient_tape/g2", "f1"], outputs=(1000,)),
         node("update", "AssignSub", ["gradient_tape/g1"], outputs=()),
     )
+
+
+class IdentityBackend:
+    """Plain IR nodes standing in for the TF swap backends."""
+
+    def swap_out(self, name, tensor, info, producer):
+        return [Node(name, "HostCopy", (tensor,), outputs=(info,))]
+
+    def swap_in(self, name, host, info, trigger, consumer):
+        return [Node(name, "DeviceCopy", (host,), control_inputs=(trigger,), outputs=(info,))]

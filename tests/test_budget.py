@@ -8,19 +8,9 @@ from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import rewrite
-from tests.builders import graph, node
+from tests.builders import IdentityBackend, graph, node
 
 MB = 1 << 20
-
-
-class IdentityBackend:
-    """Plain IR nodes standing in for the TF backends."""
-
-    def swap_out(self, name, tensor, info, producer):
-        return [Node(name, "HostCopy", (tensor,), outputs=(info,))]
-
-    def swap_in(self, name, host, info, trigger, consumer):
-        return [Node(name, "DeviceCopy", (host,), control_inputs=(trigger,), outputs=(info,))]
 
 
 def mlp_like(layers=4, size=MB):
@@ -85,9 +75,19 @@ def test_infeasible_budget_names_the_minimum_and_the_op():
 
 def test_plan_json_round_trip():
     g = mlp_like(layers=6)
-    plan = plan_swaps(_analysis(g), budget_bytes=5 * MB, allocator="exact")
-    assert SwapPlan.from_json(plan.to_json()) == plan
+    plan = plan_swaps(_analysis(g), budget_bytes=5 * MB, allocator="exact", pinned=True)
+    assert plan.pinned_order and SwapPlan.from_json(plan.to_json()) == plan
     assert "tensors swapped" in plan.summary()
+
+
+def test_a_pinned_plan_is_made_on_the_pinned_order_and_its_rewrite_stays_acyclic():
+    g = mlp_like(layers=6)
+    analysis = _analysis(g)
+    plan = plan_swaps(analysis, budget_bytes=5 * MB, allocator="exact", pinned=True)
+    assert plan.decisions and plan.pinned_order == analysis.pinned_order
+    rewrite(g, plan, IdentityBackend()).validate()
+    fits = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact", pinned=True)
+    assert not fits.decisions and fits.pinned_order and "fits once pinned" in fits.notes[0]
 
 
 @st.composite

@@ -1,7 +1,9 @@
 """Simulator accuracy: predicted vs measured peak for the built-in examples.
 
 Each example runs in a fresh process on the emulated device (`device.run_with_budget`),
-so every measurement starts from an empty BFC arena.
+so every measurement starts from an empty BFC arena. On one compute stream each
+example is measured twice: as it is (the executor's own order) and pinned to
+its planned schedule (`seqmem.swap.pin`, what `optimize` runs).
 """
 
 from __future__ import annotations
@@ -15,19 +17,21 @@ __all__ = ["AccuracyRow", "DEFAULT_CASES", "measure_accuracy", "format_table"]
 
 # (example, batch): one batch per example, asserted by the tests.
 DEFAULT_CASES = (("mlp", 256), ("cnn", 64), ("resnet", 64), ("lstm", 64))
-MEASURED_STEPS = 9
+MEASURED_STEPS = 7
 
 
 @dataclass(frozen=True)
 class AccuracyRow:
     """One example's predicted and measured peak, in bytes (None where the run failed).
 
+    order: "as is" (the executor's order) or "pinned" (to the planned schedule).
     measured_peak_bytes is the median over measured steps; measured_range_bytes
     their lowest and highest.
     """
 
     example: str
     batch: int
+    order: str
     predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
     measured_range_bytes: tuple[int, int] | None
@@ -50,46 +54,66 @@ class AccuracyRow:
         return (self.predicted_peak_bytes - nearest) / nearest
 
 
-def _profile_example(name: str, batch: int) -> tuple[int, int, tuple[int, int]]:
-    """Child-process side: profile one example; (predicted, median measured, (min, max) measured) bytes."""
+def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[int, int]]]:
+    """Child-process side: (order, predicted, median measured, (min, max) measured) bytes, as it is and,
+    where the step can be pinned, pinned."""
+    from seqmem.budget import plan_swaps, simulate_baseline
+    from seqmem.edge.capture import concrete_function
+    from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.examples.steps import build_example
-    from seqmem.runtime.profile import profile
+    from seqmem.runtime.optimized_step import build_step
+    from seqmem.runtime.profile import measure_step_peak
+    from seqmem.runtime.step_analysis import analyze_function
 
     example = build_example(name, batch)
-    result = profile(example.step, *example.make_inputs(0), measure=True, measured_steps=MEASURED_STEPS)
-    measured = result.measured
-    return result.predicted_peak_bytes, measured.median_bytes, (measured.min_bytes, measured.max_bytes)
+    args = example.make_inputs(0)
+    function = concrete_function(example.step, args)
+    analysis = analyze_function(function, measure_scratch=True)
+    steps = {}
+    if analysis.pinned_order:  # measured first, in the arena as the analysis left it, as `optimize` runs it
+        plan = plan_swaps(analysis, 1 << 50, pinned=True)  # no swaps: the order alone
+        steps["pinned"] = (analysis.pinned(), build_step(analysis, plan, EmulatedDeviceBackend(), function, example.step))
+    steps["as is"] = (analysis, example.step)
+    rows = []
+    for order, (planned, step) in steps.items():
+        predicted = simulate_baseline(planned).trace.peak_bytes
+        measured = measure_step_peak(step, args, function, MEASURED_STEPS)
+        rows.append((order, predicted, measured.median_bytes, (measured.min_bytes, measured.max_bytes)))
+    return rows
 
 
 def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: float = 300.0,
-                     one_stream: bool = False) -> list[AccuracyRow]:
+                     one_stream: bool = True) -> list[AccuracyRow]:
     """Profile each (example, batch) in `cases` in its own emulated-device process.
 
-    one_stream: one op at a time (see `runtime.device`); the simulator then follows the executor's order.
+    one_stream: one op at a time (see `runtime.device`), the simulator following the executor's order;
+    False: TensorFlow's default inter-op pool.
     """
     rows = []
     for name, batch in cases:
-        run = run_with_budget(_profile_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s,
+        run = run_with_budget(_measure_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s,
                               one_stream=one_stream)
-        predicted, measured, spread = run.value if run.ok else (None, None, None)
-        rows.append(AccuracyRow(name, batch, predicted, measured, spread, run.verdict))
+        if not run.ok:
+            rows.append(AccuracyRow(name, batch, "as is", None, None, None, run.verdict))
+            continue
+        rows += [AccuracyRow(name, batch, *measured, run.verdict) for measured in run.value]
     return rows
 
 
 def format_table(rows: list[AccuracyRow]) -> str:
     """The rows as a Markdown table (MB = 2**20 bytes)."""
     lines = [
-        "| example | batch | predicted peak (MB) | measured peak, median (MB) | measured range (MB) "
+        "| example | batch | order | predicted peak (MB) | measured peak, median (MB) | measured range (MB) "
         "| error vs median | error vs range |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row.error is None:
-            lines.append(f"| {row.example} | {row.batch} | - | - | - | {row.verdict} | - |")
+            lines.append(f"| {row.example} | {row.batch} | {row.order} | - | - | - | {row.verdict} | - |")
         else:
             low, high = row.measured_range_bytes
             lines.append(
-                f"| {row.example} | {row.batch} | {row.predicted_peak_bytes / MIB:.1f} | "
+                f"| {row.example} | {row.batch} | {row.order} | {row.predicted_peak_bytes / MIB:.1f} | "
                 f"{row.measured_peak_bytes / MIB:.1f} | {low / MIB:.1f}-{high / MIB:.1f} | {100 * row.error:+.1f}% "
                 f"| {100 * row.error_to_range:+.1f}% |"
             )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 __all__ = [
     "INEXPENSIVE_KERNEL_OPS",
+    "INLINE_OPS",
     "INPLACE_OPS",
     "LOOP_BACK_OPS",
     "LOOP_MERGE_OPS",
     "PERSISTENT_OPS",
     "SHAPE_OPS",
+    "TF1_CONTROL_FLOW_OPS",
     "VIEW_OPS",
     "is_persistent_op",
 ]
@@ -70,6 +72,28 @@ VIEW_OPS = frozenset([
     "Reshape",
     "Squeeze",
     "StopGradient",
+])
+
+# Ops TensorFlow's executor runs inline, the moment they are ready, whatever
+# its cost estimate says: their kernels say they are inexpensive, or they
+# allocate nothing on the step's behalf. A pinned order leaves them free.
+INLINE_OPS = INEXPENSIVE_KERNEL_OPS | PERSISTENT_OPS | SHAPE_OPS | VIEW_OPS
+
+# TF1 control flow (tf.function's functional While and If are single nodes
+# instead): nodes inside a loop frame or a conditional branch cannot take control
+# edges from outside it, so such graphs are not pinned.
+TF1_CONTROL_FLOW_OPS = frozenset([
+    "Enter",
+    "Exit",
+    "LoopCond",
+    "Merge",
+    "NextIteration",
+    "RefEnter",
+    "RefExit",
+    "RefMerge",
+    "RefNextIteration",
+    "RefSwitch",
+    "Switch",
 ])
 
 # Element-wise ops whose kernels write into an input buffer of the same size

@@ -11,12 +11,12 @@ once, when TensorFlow starts, so each budget needs a fresh process:
 One compute stream (`one_stream=True`): TensorFlow's executor gets one
 inter-op thread, so it runs one op at a time, as a GPU's single compute stream
 runs kernels one after another, and the simulator follows its order
-(`sim.schedule.executor_order`). Intra-op threads (inside one kernel) are left
+(`sim.schedule.executor_order`); `optimize` pins its planned order into the
+steps it rewrites (`swap.pin`). Intra-op threads (inside one kernel) are left
 as they are. It does not model a GPU's copy engines running beside the compute
 stream: on the emulated device a swap is computed by the same threads. Off by
-default: the executor then defers expensive kernels last-in-first-out, which
-keeps gradients alive that swapping cannot free, until seqmem pins its planned
-order in optimized steps.
+default: TensorFlow's inter-op pool then runs independent ops at once, in an
+order, and so with a peak, that varies from step to step.
 
 This module does not import TensorFlow at import time.
 """

@@ -47,6 +47,7 @@ def optimize(
     safety_margin: float = 0.2,
     calibrate: bool = True,
     sample_inputs: Any = None,
+    pin_order: bool = True,
 ) -> OptimizedStep:
     """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
 
@@ -67,6 +68,10 @@ def optimize(
     sample_inputs: the step's arguments to calibrate with (default: synthetic,
     see `seqmem.runtime.measure.inputs_like`); pass real ones when the step
     checks its inputs' values.
+    pin_order: when the step runs on one compute stream (one inter-op thread,
+    as on the emulated device) and does not fit as it is, pin it to its planned
+    schedule with control edges (`seqmem.swap.pin`), so that it runs in the
+    order the plan was simulated in. No effect elsewhere.
     Raises ValueError for a budget that is not a positive finite number or a
     margin outside [0, 1), TypeError for another target, InfeasibleBudgetError
     when no swap set fits (with the lowest measured peak when calibration
@@ -93,7 +98,8 @@ def optimize(
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring)
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
-                       arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating)
+                       arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
+                       pinned=pin_order and bool(analysis.pinned_order))
     try:
         plan = planner.plan(target_bytes)
     except InfeasibleBudgetError:
@@ -119,19 +125,20 @@ class _Planner:
 
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
+    pinned: a step that does not fit as it is gets pinned to its schedule.
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
-                 arena_bytes: Optional[int], measurable: bool) -> None:
+                 arena_bytes: Optional[int], measurable: bool, pinned: bool) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
         self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes}
-        self._arena_bytes, self._measurable = arena_bytes, measurable
-        self._baselines: dict[Optional[int], Baseline] = {}
+        self._arena_bytes, self._measurable, self._pinned = arena_bytes, measurable, pinned
+        self._baselines: dict[tuple[Optional[int], bool], Baseline] = {}
 
     @property
     def persistent_bytes(self) -> int:
         """Predicted bytes no plan can free: weights, optimizer slots, inputs."""
-        return self._baseline(self._arena_bytes).trace.busiest().persistent_bytes
+        return self._baseline(self._arena_bytes, False).trace.busiest().persistent_bytes
 
     def plan(self, target_bytes: int) -> SwapPlan:
         try:
@@ -145,13 +152,17 @@ class _Planner:
             return self._plan(target_bytes)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
-        return plan_swaps(self.analysis, self.budget_bytes, target_bytes=target_bytes,
-                          baseline=self._baseline(self._arena_bytes), arena_bytes=self._arena_bytes, **self._options)
+        as_it_is = self._baseline(self._arena_bytes, False)
+        pinned = self._pinned and not (as_it_is.trace.peak_bytes <= target_bytes and as_it_is.placed)
+        return plan_swaps(self.analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
+                          baseline=self._baseline(self._arena_bytes, pinned), arena_bytes=self._arena_bytes,
+                          **self._options)
 
-    def _baseline(self, arena_bytes: Optional[int]) -> Baseline:
-        if arena_bytes not in self._baselines:
-            self._baselines[arena_bytes] = simulate_baseline(self.analysis, arena_bytes=arena_bytes)
-        return self._baselines[arena_bytes]
+    def _baseline(self, arena_bytes: Optional[int], pinned: bool) -> Baseline:
+        if (arena_bytes, pinned) not in self._baselines:
+            analysis = self.analysis.pinned() if pinned else self.analysis
+            self._baselines[arena_bytes, pinned] = simulate_baseline(analysis, arena_bytes=arena_bytes)
+        return self._baselines[arena_bytes, pinned]
 
 
 def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:

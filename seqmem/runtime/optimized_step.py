@@ -38,7 +38,8 @@ class OptimizedStep:
         self.original = original
         self._run = None
         if function is not None:
-            self._run = original if not plan.decisions else _executable(function, graph_def)
+            unchanged = not plan.decisions and not plan.pinned_order
+            self._run = original if unchanged else _executable(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
         if self._run is None:

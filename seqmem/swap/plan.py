@@ -55,6 +55,8 @@ class SwapPlan:
     predicted_overhead_s: transfer time the schedule cannot hide behind compute.
     measured_peak_bytes: the optimized step's peak measured on the device, when
     `optimize` calibrated it.
+    pinned_order: the order the rewritten step is pinned to (`seqmem.swap.pin`),
+    swap nodes aside; empty when it is not pinned.
     """
 
     budget_bytes: int
@@ -66,6 +68,7 @@ class SwapPlan:
     predicted_overhead_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
     measured_peak_bytes: int | None = None
+    pinned_order: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -83,6 +86,8 @@ class SwapPlan:
             f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / MIB:.1f} MB), "
             f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
         ]
+        if self.pinned_order:
+            lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.swap.pin)")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak {self.measured_peak_bytes / MIB:.1f} MB")
         lines += list(self.notes)
@@ -106,4 +111,5 @@ class SwapPlan:
             for d in data.pop("decisions")
         )
         skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
-        return cls(**{**data, "notes": tuple(data.get("notes", ()))}, decisions=decisions, skipped=skipped)
+        return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ()))},
+                   decisions=decisions, skipped=skipped)

@@ -12,6 +12,9 @@ One swap-out reads the tensor right after its producer (all backward readers
 share it); one swap-in, started by the trigger, feeds every backward reader.
 Forward readers keep the original. The nodes themselves come from a backend
 (`seqmem.edge.swap_nodes`), which knows the device; this module only edits the IR.
+
+A plan with a `pinned_order` is pinned to it (`seqmem.swap.pin`), with each
+swap-out right after its producer and each swap-in right after its trigger.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Protocol
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.swap.pin import pin
 from seqmem.swap.plan import SwapPlan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
@@ -46,10 +50,11 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     Raises GraphError (from the new graph's construction) if the plan names
     nodes or tensors the graph lacks.
     """
-    if not plan.decisions:
+    if not plan.decisions and not plan.pinned_order:
         return graph
     replacements: dict[tuple[str, TensorRef], TensorRef] = {}
     added: list[Node] = []
+    placed_after: dict[str, list[str]] = {}  # swap nodes by the node they follow in a pinned order
     for number, decision in enumerate(plan.decisions):
         ref, info = decision.tensor, graph.tensor(decision.tensor)
         base = f"{SWAP_SCOPE}/{number}_{ref.node.replace('/', '_')}_{ref.index}"
@@ -58,10 +63,15 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
             f"{base}/in", TensorRef(out_nodes[-1].name, 0), info, decision.trigger, graph.node(decision.consumers[0])
         ))
         added += out_nodes + in_nodes
+        placed_after.setdefault(ref.node, []).extend(n.name for n in out_nodes)
+        placed_after.setdefault(decision.trigger, []).extend(n.name for n in in_nodes)
         for consumer in decision.consumers:
             replacements[(consumer, ref)] = TensorRef(in_nodes[-1].name, 0)
     nodes = []
     for node in graph.nodes.values():
         inputs = tuple(replacements.get((node.name, ref), ref) for ref in node.inputs)
         nodes.append(node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs))
-    return graph.replace(nodes=nodes + added)
+    rewritten = graph.replace(nodes=nodes + added)
+    if not plan.pinned_order:
+        return rewritten
+    return pin(rewritten, [n for name in plan.pinned_order for n in (name, *placed_after.get(name, ()))])

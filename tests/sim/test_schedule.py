@@ -1,4 +1,7 @@
-from seqmem.sim.schedule import INLINE_BELOW_S, executor_order
+import pytest
+
+from seqmem.critical_path import analyze_timing
+from seqmem.sim.schedule import INLINE_BELOW_S, executor_order, pinned_nodes, pinned_order, schedule
 from tests.builders import graph, node
 
 SLOW = 10 * INLINE_BELOW_S
@@ -39,3 +42,34 @@ def test_view_and_variable_reads_are_inline_whatever_they_cost():
     order = executor_order(g, {"v": SLOW, "read": SLOW, "x": SLOW, "m": SLOW})
     assert order == ("v", "read", "x", "m")
     assert sorted(order) == sorted(g.nodes)
+
+
+def test_a_chain_makes_the_executor_run_its_nodes_in_chain_order():
+    g = _backward_fork()
+    cost = {"dy": 0.0, "filter_grad": SLOW, "input_grad": SLOW, "next": SLOW, "neg": FAST, "apply": FAST}
+    # pinned: the input gradient and its reader first, the filter gradient after them
+    order = executor_order(g, cost, chain=("input_grad", "next", "filter_grad"))
+    assert order == ("dy", "neg", "apply", "input_grad", "next", "filter_grad")
+
+
+def test_a_chain_against_the_graph_is_refused():
+    g = _backward_fork()
+    cost = dict.fromkeys(g.nodes, SLOW)
+    with pytest.raises(ValueError, match="topological"):
+        executor_order(g, cost, chain=("next", "input_grad"))
+
+
+def test_pinned_order_chains_the_schedule_and_leaves_inline_ops_free():
+    g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]), node("b", "MatMul", ["x"]),
+              node("view", "Reshape", ["b"]), node("c", "MatMul", ["a"]), node("d", "AddV2", ["c", "view"]))
+    cost = {"x": 0.0, "a": 1.0, "b": 3.0, "view": 0.0, "c": 1.0, "d": 1.0}
+    timing = analyze_timing(g, cost)
+    # ASAP: a and b at 0 s, c at 1 s; the view runs as soon as b is done
+    assert pinned_nodes(g, schedule(g, timing)) == ("a", "b", "c", "d")
+    assert pinned_order(g, timing) == ("x", "a", "b", "view", "c", "d")
+
+
+def test_graphs_with_tf1_control_flow_are_not_pinned():
+    g = graph(node("x", "Placeholder"), node("p", "Placeholder"), node("s", "Switch", ["x", "p"], outputs=(4, 4)),
+              node("a", "MatMul", ["s:1"]))
+    assert pinned_order(g, analyze_timing(g, dict.fromkeys(g.nodes, 1.0))) == ()

@@ -1,0 +1,42 @@
+"""Pin a step's execution order with control edges (full serialization).
+
+On one compute stream the order ops run in decides the peak, and TensorFlow's
+executor picks its own: ready expensive kernels wait last-in-first-out, so a
+backward pass can defer every filter gradient to its end. Pinning chains the
+nodes of a planned order that allocate (all but `op_tables.INLINE_OPS`): each
+waits, by a control edge, for the one before it, so the executor can run them
+in no other order. Inline ops stay free; the executor runs them the moment
+they are ready. `sim.schedule.pinned_order` predicts the order that results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from seqmem.ir.graph import Graph
+from seqmem.sim.schedule import pinned_nodes
+
+__all__ = ["pin"]
+
+
+def pin(graph: Graph, order: Sequence[str]) -> Graph:
+    """`graph` with each pinned node of `order` waiting for the one before it.
+
+    order: every node of `graph`, in an order that respects its edges. A pair
+    already ordered by a direct edge gets no second one. Raises ValueError when
+    `order` does not list the graph's nodes exactly once.
+    """
+    if len(order) != len(graph) or set(order) != set(graph.nodes):
+        raise ValueError("order must list every node of the graph exactly once")
+    waits_for = {}
+    chain = pinned_nodes(graph, order)
+    for before, after in zip(chain, chain[1:]):
+        if before not in graph.predecessors(after):
+            waits_for[after] = before
+    nodes = [
+        dataclasses.replace(node, control_inputs=node.control_inputs + (waits_for[name],))
+        if name in waits_for else node
+        for name, node in graph.nodes.items()
+    ]
+    return graph.replace(nodes=nodes)

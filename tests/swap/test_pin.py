@@ -1,0 +1,51 @@
+import pytest
+
+from seqmem.ir.graph import TensorRef
+from seqmem.swap.pin import pin
+from seqmem.swap.plan import SwapDecision, SwapPlan
+from seqmem.swap.rewrite import rewrite
+from tests.builders import IdentityBackend, graph, node, training_graph
+
+
+def test_pinned_nodes_wait_for_the_one_before_and_inline_ops_stay_free():
+    g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]), node("b", "MatMul", ["x"]),
+              node("view", "Reshape", ["a"]), node("c", "MatMul", ["view", "b"]))
+    pinned = pin(g, ["x", "b", "a", "view", "c"])
+    assert pinned.node("a").control_inputs == ("b",)
+    assert pinned.node("b").control_inputs == ()
+    # c already reads a (through the view, which is free) and b: it waits for a by a control edge
+    assert pinned.node("c").control_inputs == ("a",)
+    assert pinned.node("view").control_inputs == ()
+
+
+def test_a_pair_ordered_by_a_data_edge_gets_no_control_edge():
+    g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]), node("b", "MatMul", ["a"]))
+    assert pin(g, ["x", "a", "b"]).node("b").control_inputs == ()
+
+
+def test_an_order_that_misses_nodes_is_refused():
+    g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]))
+    with pytest.raises(ValueError, match="every node"):
+        pin(g, ["a"])
+
+
+_ORDER = ("x", "w", "f1", "f2", "loss", "ones", "gradient_tape/g2", "gradient_tape/g1", "update")
+
+
+def test_a_pinned_plan_runs_each_swap_out_after_its_producer_and_each_swap_in_after_its_trigger():
+    decision = SwapDecision(TensorRef("f1", 0), 1000, ("gradient_tape/g1",), "gradient_tape/g2", 0.0)
+    plan = SwapPlan(10_000, 10_000, 5000, 4000, decisions=(decision,), pinned_order=_ORDER)
+    rewritten = rewrite(training_graph(), plan, IdentityBackend())
+    # chain: f1, out, f2, loss, g2, in, g1, update (x, w and ones are free)
+    control = {name: node.control_inputs for name, node in rewritten.nodes.items() if node.control_inputs}
+    assert control == {
+        "f2": ("seqmem_swap/0_f1_0/out",),
+        "gradient_tape/g2": ("loss",),
+        "seqmem_swap/0_f1_0/in": ("gradient_tape/g2",),  # its trigger, which is also the one before it
+    }
+
+
+def test_a_plan_without_swaps_is_still_pinned():
+    plan = SwapPlan(10_000, 10_000, 5000, 5000, pinned_order=_ORDER)
+    rewritten = rewrite(training_graph(), plan, IdentityBackend())
+    assert rewritten.node("gradient_tape/g2").control_inputs == ("loss",)
