@@ -47,6 +47,13 @@ class StepAnalysis:
             raise ValueError("this step cannot be pinned: it has TF1 control flow or runs on more than one thread")
         return dataclasses.replace(self, order=self.pinned_order)
 
+    def pinning_its_own_order(self) -> "StepAnalysis":
+        """This analysis with `pinned_order` set to the order the step runs in as it is: pinning then keeps
+        the executor's own order and fixes where swap nodes run in it. Raises ValueError when the step
+        cannot be pinned."""
+        self.pinned()
+        return dataclasses.replace(self, pinned_order=self.order)
+
 
 def analyze_graph(
     graph: Graph,

@@ -180,11 +180,13 @@ def plan_swaps(
     chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
     live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
     after, placed = before, baseline.placed
+    lowest = before  # the lowest peak of the plans tried: more swaps can raise a peak
     forced = 1
     for _ in range(_MAX_ROUNDS):
         added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes)
         plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing)
         after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
+        lowest = min(lowest, after, key=lambda trace: trace.peak_bytes)
         if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates):
             break
         if after.peak_bytes <= target_bytes or not added:
@@ -213,12 +215,11 @@ def plan_swaps(
             smallest_peak_bytes=after.peak_bytes,
         )
     if after.peak_bytes > target_bytes:
-        busiest = after.busiest()
-        op = graph.node(after.order[busiest.peak_step])
+        op = graph.node(lowest.order[lowest.busiest().peak_step])
         raise InfeasibleBudgetError(
-            f"smallest achievable peak is {after.peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
+            f"smallest achievable peak is {lowest.peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
             f"{planned_for}. Raise the budget or reduce the batch size.",
-            smallest_peak_bytes=after.peak_bytes,
+            smallest_peak_bytes=lowest.peak_bytes,
         )
     return plan
 

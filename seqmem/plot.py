@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
@@ -70,10 +71,11 @@ def plot_memory_curves(
 
 
 def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) -> str:
-    """Write a PNG of the step's predicted memory before and after `plan` (BFC allocator model), with the
-    budget. Returns `path`."""
+    """Write a PNG of the step's predicted memory before `plan` (as it runs) and after it (in the plan's
+    pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
-    after = simulate(analysis.graph, analysis.order, swap_events(plan, analysis), allocator="bfc",
-                     scratch_bytes=analysis.scratch_bytes)
+    planned = dataclasses.replace(analysis, order=plan.pinned_order) if plan.pinned_order else analysis
+    after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
+                     scratch_bytes=planned.scratch_bytes)
     curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]
     return plot_memory_curves(path, analysis.timing, curves, title=title, budget_bytes=plan.budget_bytes)

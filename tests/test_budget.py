@@ -90,6 +90,14 @@ def test_a_pinned_plan_is_made_on_the_pinned_order_and_its_rewrite_stays_acyclic
     assert not fits.decisions and fits.pinned_order and "fits once pinned" in fits.notes[0]
 
 
+def test_a_step_can_be_pinned_to_its_own_order():
+    analysis = _analysis(mlp_like(layers=6))
+    own = analysis.pinning_its_own_order()
+    assert own.pinned_order == analysis.order and own.order == analysis.order
+    plan = plan_swaps(own, budget_bytes=5 * MB, allocator="exact", pinned=True)
+    assert plan.decisions and plan.pinned_order == analysis.order
+
+
 @st.composite
 def training_chains(draw):
     layers = draw(st.integers(2, 9))
@@ -117,7 +125,8 @@ def test_random_plans_are_acyclic_deterministic_and_honest(case):
     budget = int(peak * fraction)
     try:
         plan = plan_swaps(analysis, budget_bytes=budget, allocator="exact")
-    except InfeasibleBudgetError:
+    except InfeasibleBudgetError as error:
+        assert budget < error.smallest_peak_bytes <= peak  # the lowest peak tried: never above no swaps at all
         return
     assert plan == plan_swaps(analysis, budget_bytes=budget, allocator="exact")
     assert plan.predicted_peak_after_bytes <= budget

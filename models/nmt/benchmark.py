@@ -33,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import extrapolated_batch, largest_batch
-from seqmem.bench.report import ratio, value_or_verdict
+from seqmem.bench.report import EXECUTORS, ratio, search_settings, value_or_verdict
 from seqmem.bench.workload import Workload, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import save_figure, write_json
@@ -94,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", type=float, default=0.05,
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
-    parser.add_argument("--jobs", type=int, default=2, help="probe processes run side by side in batch searches")
+    parser.add_argument("--executor", choices=EXECUTORS, default="pool",
+                        help="the emulated device's executor (default pool: on one stream the decoder's gradient loop "
+                             "runs up to 32 iterations ahead in an order, and so with a peak, that varies far more)")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes a batch must train in to count as fitting")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated variants to run, base among them (default: all four)")
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
@@ -110,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         time_steps = [int(t) for t in args.time_steps.split(",")]
     except ValueError:
         parser.error(f"--time-steps must be comma-separated integers, got {args.time_steps!r}")
-    if min([args.budget_mb, args.units, args.vocab, args.max_batch, args.timeout_s, args.jobs] + time_steps) < 1:
-        parser.error("time steps, budget, units, vocabulary, batch limit, timeout and jobs must be positive")
+    if min([args.budget_mb, args.units, args.vocab, args.max_batch, args.timeout_s, args.jobs, args.runs]
+           + time_steps) < 1:
+        parser.error("time steps, budget, units, vocabulary, batch limit, timeout, jobs and runs must be positive")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     # Children unpickle functions by module name: use the importable name, not __main__.
@@ -120,18 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "rows": []}
     model = (args.units, args.vocab)
+    one_stream = args.executor == "one-stream"
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         for steps in time_steps:
             row: dict[str, Any] = {"time_steps": steps, "batch": {}, "notes": {}, "at_base": {}}
             guess = run_with_budget(bench.predicted_base_batch, steps, *model, args.budget_mb,
-                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s)
+                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)
             progress.update(1)
 
             def search(variant, start):
                 return largest_batch(trains, bench.workload(variant, steps, *model, args.budget_mb),
                                      budget_mb=args.budget_mb,
                                      limit=args.max_batch, start=min(max(start, 1), args.max_batch),
-                                     precision=args.precision, timeout_s=args.timeout_s,
+                                     precision=args.precision, runs=args.runs, one_stream=one_stream,
+                                     timeout_s=args.timeout_s,
                                      on_probe=lambda batch, verdict: progress.update(1))
 
             found = {"base": search("base", guess.value if guess.ok else 1)}
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["batch"][variant], row["notes"][variant] = found[variant].batch, found[variant].notes
             for variant in found if base else ():
                 run = run_with_budget(bench.measure, variant, base, steps, *model, args.budget_mb,
-                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s)
+                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)
                 progress.update(1)
                 row["at_base"][variant] = value_or_verdict(run)
             report["rows"].append(row)
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 def format_report(report: dict[str, Any]) -> str:
     """The benchmark's tables in Markdown, from its JSON report."""
     args = report["args"]
-    lines = [f"Largest batch that trains two steps (real OOM), emulated device {args['budget_mb']} MB, "
+    lines = [f"Largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
              f"units {args['units']}, vocabulary {args['vocab']}; ratio to B_base in parentheses",
              "| T | B_base (tfa) | swap | efficient attention | both |", "|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:

@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import extrapolated_batch, largest_batch
-from seqmem.bench.report import ratio, value_or_verdict
+from seqmem.bench.report import EXECUTORS, ratio, search_settings, value_or_verdict
 from seqmem.bench.workload import Workload, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
@@ -82,7 +82,8 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
 
     An op's footprint is its distinct inputs and outputs (affine in the batch: read from the
     graph at batch 1 and 2) plus its scratch bytes, measured at batch 2 and held constant (this
-    CPU's convolution kernels use about the same scratch at batch 8 and 90). Persistent memory
+    CPU's convolution kernels use about the same scratch at batch 8 and 90). The predicted peaks at
+    batch 1 and 2 both use measured scratch. Persistent memory
     (weights, optimizer slots) is counted once. Graph bounds and predictions, not measurements.
     """
     from seqmem.ir.graph import TensorRef
@@ -92,7 +93,7 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
     tensor_bytes, peaks = [], []
     for batch in (1, 2):
         step, _, specs = training_step(batch, depth, image_size, classes)
-        analysis = analyze_function(step.get_concrete_function(*specs), measure_scratch=batch == 2)
+        analysis = analyze_function(step.get_concrete_function(*specs), measure_scratch=True)
         graph = analysis.graph
         tensor_bytes.append({
             name: sum(graph.tensor(ref).size_bytes or 0
@@ -115,14 +116,14 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
 
 
 def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str) -> str:
-    """Child process: PNG of predicted memory over one step, baseline and seqmem's plan at the same batch."""
-    from seqmem.budget import plan_swaps
+    """Child process: PNG of predicted memory over one step at `batch`, baseline and the plan `optimize`
+    makes for `budget_mb` (uncalibrated: this process's arena need not be the budget)."""
     from seqmem.plot import plot_plan
-    from seqmem.runtime.step_analysis import analyze_function
+    from seqmem.runtime.optimize import optimize
 
     step, _, specs = training_step(batch, depth, image_size, classes)
-    analysis = analyze_function(step.get_concrete_function(*specs))
-    return plot_plan(path, analysis, plan_swaps(analysis, budget_mb * MIB),
+    optimized = optimize(step, budget_mb, input_signature=specs, calibrate=False)
+    return plot_plan(path, optimized.analysis, optimized.plan,
                      title=f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
 
 
@@ -144,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth-image-size", type=int, default=32, help="image size of Table 1(b)")
     parser.add_argument("--depth-budget-mb", type=int, default=1536, help="budget of Table 1(b)")
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
-    parser.add_argument("--jobs", type=int, default=2, help="probe processes run side by side in batch searches")
+    parser.add_argument("--executor", choices=EXECUTORS, default="one-stream", help="the emulated device's executor")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes a batch must train in to count as fitting")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
     parser.add_argument("--out", default="resnet-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
     if args.quick:
@@ -157,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--depths must be comma-separated integers, got {args.depths!r}")
     if min([args.image_size, args.classes, args.budget_mb, args.max_batch, args.depth_batch, args.depth_image_size,
-            args.depth_budget_mb, args.timeout_s, args.jobs] + depths) < 1:
-        parser.error("sizes, budgets, batches, depths and the timeout must be positive")
+            args.depth_budget_mb, args.timeout_s, args.jobs, args.runs] + depths) < 1:
+        parser.error("sizes, budgets, batches, depths, the timeout, jobs and runs must be positive")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     from models.resnet.model import IMAGENET_STAGES
@@ -171,16 +175,19 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     network = (args.depth, args.image_size, args.classes)
+    one_stream = args.executor == "one-stream"
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         def run(function, *call_args, budget_mb):
-            result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=args.timeout_s)
+            result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=args.timeout_s,
+                                     one_stream=one_stream)
             progress.update(1)
             return result
 
         def search(variant, start):
             found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb), budget_mb=args.budget_mb,
-                                  limit=args.max_batch, start=start, precision=args.precision,
+                                  limit=args.max_batch, start=start, precision=args.precision, runs=args.runs,
+                                  one_stream=one_stream,
                                   timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
             return {"batch": found.batch, "notes": found.notes}
 
@@ -247,7 +254,7 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
     base, opt, rec = (table_a.get(v, {}).get("batch", "-") for v in VARIANTS)
     limit = table_a["limit"].get("batch", "-")
     lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
-             f"emulated device {args['budget_mb']} MB (largest batch that trains two steps, real OOM)",
+             f"emulated device {args['budget_mb']} MB (largest batch that {search_settings(args)})",
              "| B_base | B_opt (seqmem) | B_opt / B_base | B_recompute | B_limit | B_opt / B_limit |",
              "|---:|---:|---:|---:|---:|---:|",
              f"| {base} | {opt} | {ratio(opt, base)} | {rec} | {limit} | {ratio(opt, limit)} |"]

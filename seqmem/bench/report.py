@@ -6,7 +6,19 @@ from typing import Any
 
 from seqmem.runtime.device import BudgetRun
 
-__all__ = ["ratio", "value_or_verdict"]
+__all__ = ["EXECUTORS", "ratio", "search_settings", "value_or_verdict"]
+
+
+EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
+
+
+def search_settings(args: dict[str, Any]) -> str:
+    """How a benchmark's batches were found, from its recorded arguments: "trains two steps in each of
+    3 fresh processes, real OOM, one stream"."""
+    runs = args.get("runs", 1)
+    where = "in a fresh process" if runs == 1 else f"in each of {runs} fresh processes"
+    executor = "one stream" if args.get("executor", "one-stream") == "one-stream" else "TensorFlow's inter-op pool"
+    return f"trains two steps {where}, real OOM, {executor}"
 
 
 def ratio(numerator: Any, denominator: Any, digits: int = 2) -> str:

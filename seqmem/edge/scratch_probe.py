@@ -24,7 +24,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from seqmem.edge import capture
 from seqmem.ir.graph import Graph, Node
 from seqmem.ir.op_tables import INPLACE_OPS, VIEW_OPS, is_persistent_op
-from seqmem.runtime import device
+from seqmem.runtime import device, stall_watch
 
 __all__ = ["measure_scratch_bytes"]
 
@@ -187,8 +187,9 @@ def _warm_arena() -> None:
         size //= 2
     while size >= 1 << 20:
         try:
-            block = tf.zeros([size // 4])
-            block.numpy()
+            with stall_watch.expected_idle():  # a size that does not fit waits in the allocator's retry
+                block = tf.zeros([size // 4])
+                block.numpy()
             del block
             return
         except tf.errors.ResourceExhaustedError:

@@ -8,31 +8,34 @@ kernels crash the process when that arena is full. These variables are read
 once, when TensorFlow starts, so each budget needs a fresh process:
 `run_with_budget` runs a callable in one and returns its result or a verdict.
 
-One compute stream (`one_stream=True`): TensorFlow's executor gets one
-inter-op thread, so it runs one op at a time, as a GPU's single compute stream
-runs kernels one after another, and the simulator follows its order
-(`sim.schedule.executor_order`); `optimize` pins its planned order into the
-steps it rewrites (`swap.pin`). Intra-op threads (inside one kernel) are left
-as they are. It does not model a GPU's copy engines running beside the compute
-stream: on the emulated device a swap is computed by the same threads. Off by
-default: TensorFlow's inter-op pool then runs independent ops at once, in an
-order, and so with a peak, that varies from step to step.
+One compute stream (`one_stream=True`, the default): TensorFlow's executor
+gets one inter-op thread, so it runs one op at a time, as a GPU's single
+compute stream runs kernels one after another, and the simulator follows its
+order (`sim.schedule.executor_order`); `optimize` pins its planned order into
+the steps it rewrites (`swap.pin`). Intra-op threads (inside one kernel) are
+left as they are. It does not model a GPU's copy engines running beside the
+compute stream: on the emulated device a swap is computed by the same threads.
+`one_stream=False` keeps TensorFlow's inter-op pool, which runs independent ops
+at once, in an order, and so with a peak, that varies from step to step.
 
 This module does not import TensorFlow at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from seqmem.errors import TensorFlowAlreadyInitializedError
+from seqmem.runtime import stall_watch
 
 __all__ = [
     "BudgetRun",
@@ -55,11 +58,11 @@ _ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 _ENV_INTER_OP = "SEQMEM_INTER_OP_THREADS"  # read by `apply_thread_settings`, not by TensorFlow
 
 
-def emulated_device_env(budget_mb: int, one_stream: bool = False) -> dict[str, str]:
+def emulated_device_env(budget_mb: int, one_stream: bool = True) -> dict[str, str]:
     """Environment variables that make the CPU an emulated device of `budget_mb` MiB.
 
-    one_stream: run one op at a time (see the module docstring); False (the
-    default) keeps TensorFlow's default inter-op thread pool.
+    one_stream: run one op at a time (see the module docstring); False keeps
+    TensorFlow's default inter-op thread pool.
     """
     check_budget_mb(budget_mb)
     env = {
@@ -92,7 +95,7 @@ def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
     return value
 
 
-def configure_emulated_device(budget_mb: int, one_stream: bool = False) -> None:
+def configure_emulated_device(budget_mb: int, one_stream: bool = True) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
     one_stream: one op at a time (see the module docstring; imports
@@ -175,9 +178,10 @@ def reset_peak(device: str | None = None) -> None:
 class BudgetRun:
     """Outcome of `run_with_budget`.
 
-    verdict: "ok" (value holds the result), "oom" (ResourceExhaustedError),
-    "error" (another exception; message has its traceback), "crashed" (the
-    process died, e.g. a segfault), or "timeout".
+    verdict: "ok" (value holds the result), "oom" (ResourceExhaustedError, or
+    the process sat idle: an allocation waiting for memory that nothing frees,
+    see `stall_watch`), "error" (another exception; message has its
+    traceback), "crashed" (the process died, e.g. a segfault), or "timeout".
     """
 
     verdict: str
@@ -194,12 +198,18 @@ def run_with_budget(
     *args: Any,
     budget_mb: int,
     timeout_s: float = 600.0,
-    one_stream: bool = False,
+    one_stream: bool = True,
+    stall_s: float | None = None,
     **kwargs: Any,
 ) -> BudgetRun:
     """Run `function(*args, **kwargs)` in a fresh process on an emulated device of `budget_mb` MiB.
 
     one_stream: one op at a time (see the module docstring).
+    stall_s: stop the process once it has sat idle this many seconds and
+    report "oom" (a step waiting on a full arena, in seconds instead of the
+    allocator's 10 s per waiting allocation). Only for jobs in which nothing
+    else could free memory while a step waits (no input pipeline, no other
+    threads): then a stall is an OOM. None (the default) waits for TensorFlow.
     `function` must be importable by module and name (a module-level function),
     and its arguments and result picklable. Never raises for what happens in the
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
@@ -212,15 +222,16 @@ def run_with_budget(
         job_path = os.path.join(workdir, "job.pkl")
         result_path = os.path.join(workdir, "result.pkl")
         with open(job_path, "wb") as job:
-            pickle.dump((function, args, kwargs), job)
+            pickle.dump((function, args, kwargs, stall_s), job)
         try:
-            process = subprocess.run(
-                [sys.executable, "-m", "seqmem.runtime.device", job_path, result_path],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                timeout=timeout_s,
-            )
+            with stall_watch.expected_idle():
+                process = subprocess.run(
+                    [sys.executable, "-m", "seqmem.runtime.device", job_path, result_path],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    timeout=timeout_s,
+                )
         except subprocess.TimeoutExpired:
             return BudgetRun("timeout", message=f"no result within {timeout_s:.0f} s")
         if os.path.exists(result_path):
@@ -231,19 +242,46 @@ def run_with_budget(
 
 
 def _worker(job_path: str, result_path: str) -> None:
-    """Child side of `run_with_budget`: run the job, write the verdict atomically."""
+    """Child side of `run_with_budget`: run the job, write the verdict atomically (once: from the job's
+    end or from the stall watch, whichever comes first)."""
     with open(job_path, "rb") as job:
-        function, args, kwargs = pickle.load(job)
+        function, args, kwargs, stall_s = pickle.load(job)
     import tensorflow as tf
 
     apply_thread_settings()
+    written = threading.Lock()
 
+    def stalled(idle_s: float) -> None:
+        if written.acquire(blocking=False):
+            _write_result(result_path, _stall_verdict(idle_s))
+            os._exit(0)  # the job's thread is stuck in TensorFlow: no clean way out
+
+    with contextlib.ExitStack() as stack:
+        if stall_s is not None:
+            stack.enter_context(stall_watch.StallWatch(stalled, idle_s=stall_s))
+        try:
+            outcome = BudgetRun("ok", value=function(*args, **kwargs))
+        except tf.errors.ResourceExhaustedError as error:
+            outcome = BudgetRun("oom", message=str(error).splitlines()[0][:500])
+        except Exception:  # noqa: BLE001 - every failure is reported to the parent as a verdict
+            outcome = BudgetRun("error", message=traceback.format_exc()[-4000:])
+    if not written.acquire(blocking=False):
+        threading.Event().wait()  # the stall watch is writing its verdict and ends the process
+    _write_result(result_path, outcome)
+
+
+def _stall_verdict(idle_s: float) -> BudgetRun:
+    """The verdict on a child that sat idle `idle_s` seconds: out of memory (what a stall is, in these jobs)."""
     try:
-        outcome = BudgetRun("ok", value=function(*args, **kwargs))
-    except tf.errors.ResourceExhaustedError as error:
-        outcome = BudgetRun("oom", message=str(error).splitlines()[0][:500])
-    except Exception:  # noqa: BLE001 - every failure is reported to the parent as a verdict
-        outcome = BudgetRun("error", message=traceback.format_exc()[-4000:])
+        in_use = f"{memory_stats('CPU:0').current_bytes / (1 << 20):.1f} MB"
+    except Exception:  # noqa: BLE001 - the verdict must be written whatever TensorFlow says
+        in_use = "an unknown amount"
+    return BudgetRun("oom", message=(
+        f"stopped after {idle_s:.1f} s idle with {in_use} of the {emulated_budget_mb()} MB arena in use: an "
+        f"allocation waiting for memory that nothing frees (seqmem.runtime.stall_watch)"))
+
+
+def _write_result(result_path: str, outcome: BudgetRun) -> None:
     try:
         payload = pickle.dumps(outcome)
     except Exception:  # noqa: BLE001 - an unpicklable result is reported, not lost

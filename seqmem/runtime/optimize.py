@@ -21,7 +21,7 @@ from seqmem.edge import capture
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
 from seqmem.ir.graph import TensorRef
-from seqmem.runtime import device
+from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
@@ -125,20 +125,26 @@ class _Planner:
 
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
-    pinned: a step that does not fit as it is gets pinned to its schedule.
+    pinned: a step that does not fit as it is gets pinned, to its schedule or to its own order,
+    where a pinned plan fits.
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
                  arena_bytes: Optional[int], measurable: bool, pinned: bool) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
         self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes}
-        self._arena_bytes, self._measurable, self._pinned = arena_bytes, measurable, pinned
-        self._baselines: dict[tuple[Optional[int], bool], Baseline] = {}
+        self._arena_bytes, self._measurable = arena_bytes, measurable
+        # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
+        self._orders = {"as it is": (analysis, False)}
+        if pinned:
+            self._orders.update({"pinned to its schedule": (analysis, True),
+                                 "pinned to its own order": (analysis.pinning_its_own_order(), True)})
+        self._baselines: dict[tuple[Optional[int], str], Baseline] = {}
 
     @property
     def persistent_bytes(self) -> int:
         """Predicted bytes no plan can free: weights, optimizer slots, inputs."""
-        return self._baseline(self._arena_bytes, False).trace.busiest().persistent_bytes
+        return self._baseline("as it is").trace.busiest().persistent_bytes
 
     def plan(self, target_bytes: int) -> SwapPlan:
         try:
@@ -152,17 +158,29 @@ class _Planner:
             return self._plan(target_bytes)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
-        as_it_is = self._baseline(self._arena_bytes, False)
-        pinned = self._pinned and not (as_it_is.trace.peak_bytes <= target_bytes and as_it_is.placed)
-        return plan_swaps(self.analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
-                          baseline=self._baseline(self._arena_bytes, pinned), arena_bytes=self._arena_bytes,
-                          **self._options)
+        """As it is when the step fits so; otherwise the first plan that fits of: each pinned order, lowest
+        baseline peak first, then as it is. Raises the failure with the lowest peak."""
+        as_it_is = self._baseline("as it is")
+        tries = ["as it is"]
+        if not (as_it_is.trace.peak_bytes <= target_bytes and as_it_is.placed):
+            pinned = [name for name, (_, pinned) in self._orders.items() if pinned]
+            tries = sorted(pinned, key=lambda name: self._baseline(name).trace.peak_bytes) + tries
+        failures = []
+        for name in tries:
+            analysis, pinned = self._orders[name]
+            try:
+                return plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
+                                  baseline=self._baseline(name), arena_bytes=self._arena_bytes, **self._options)
+            except InfeasibleBudgetError as error:
+                failures.append(error)
+        raise min(failures, key=lambda error: error.smallest_peak_bytes or 0)
 
-    def _baseline(self, arena_bytes: Optional[int], pinned: bool) -> Baseline:
-        if (arena_bytes, pinned) not in self._baselines:
-            analysis = self.analysis.pinned() if pinned else self.analysis
-            self._baselines[arena_bytes, pinned] = simulate_baseline(analysis, arena_bytes=arena_bytes)
-        return self._baselines[arena_bytes, pinned]
+    def _baseline(self, order: str) -> Baseline:
+        if (self._arena_bytes, order) not in self._baselines:
+            analysis, pinned = self._orders[order]
+            self._baselines[self._arena_bytes, order] = simulate_baseline(analysis.pinned() if pinned else analysis,
+                                                                          arena_bytes=self._arena_bytes)
+        return self._baselines[self._arena_bytes, order]
 
 
 def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:
@@ -209,9 +227,11 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:
     """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
-    synthetic), or None if one ran out of memory."""
+    synthetic), or None if one ran out of memory. A call that does not fit waits in the allocator's
+    retry (10 s on the emulated device) before it fails: an idle wait calibration expects."""
     args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
     try:
-        return max(step_peaks(step, args, function.graph.variables, _CALIBRATION_CALLS))
+        with stall_watch.expected_idle():
+            return max(step_peaks(step, args, function.graph.variables, _CALIBRATION_CALLS))
     except tf.errors.ResourceExhaustedError:
         return None

@@ -9,7 +9,7 @@ from seqmem.runtime.device import BudgetRun
 def _fake_device(capacity: int, crash_at=frozenset()):
     probed = []
 
-    def run_with_budget(probe, batch, *args, budget_mb, timeout_s):
+    def run_with_budget(probe, batch, *args, budget_mb, timeout_s, one_stream, stall_s):
         probed.append(batch)
         if batch in crash_at:
             return BudgetRun("crashed", message="exit status -11: Segmentation fault")
@@ -49,6 +49,21 @@ def test_a_crashing_probe_counts_as_not_fitting_and_is_noted(monkeypatch):
     assert found.notes == ["batch 32: crashed: exit status -11: Segmentation fault"]
 
 
+def test_a_batch_fits_only_when_it_trains_in_every_run(monkeypatch):
+    calls = {}
+
+    def flaky_device(probe, batch, *args, budget_mb, timeout_s, one_stream, stall_s):  # batch 40 trains in its first run only
+        calls[batch] = calls.get(batch, 0) + 1
+        fits = batch <= 39 or (batch == 40 and calls[batch] == 1)
+        return BudgetRun("ok", value=True) if fits else BudgetRun("oom", message="OOM")
+
+    monkeypatch.setattr(batch_search, "run_with_budget", flaky_device)
+    found = batch_search.largest_batch(bool, budget_mb=1, limit=64, runs=3)
+    assert found.batch == 39 and 40 not in found.values
+    assert calls[39] == 3 and calls[40] == 2 and calls[64] == 1  # stops at the first run that fails
+    assert found.notes == ["batch 40, run 2 of 3: oom: OOM"]
+
+
 def test_a_falsy_result_does_not_fit(monkeypatch):
     fake, _ = _fake_device(64)
     monkeypatch.setattr(batch_search, "run_with_budget", fake)
@@ -56,7 +71,7 @@ def test_a_falsy_result_does_not_fit(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs", [dict(limit=0), dict(limit=8, start=9), dict(limit=8, start=0),
-                                    dict(limit=8, precision=1.0)])
+                                    dict(limit=8, precision=1.0), dict(limit=8, runs=0)])
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         batch_search.largest_batch(bool, budget_mb=1, **kwargs)

@@ -36,8 +36,10 @@ def test_run_with_budget_reports_ok_and_oom():
     assert ok.verdict == "ok"
     assert ok.value[0] == 8 * 1024 * 256
     assert ok.value[1] >= 8 << 20
-    oom = device.run_with_budget(allocate_mb, 128, budget_mb=64)
-    assert oom.verdict == "oom" and "OOM" in oom.message
+    raised = device.run_with_budget(allocate_mb, 128, budget_mb=64)  # TensorFlow gives up
+    assert raised.verdict == "oom" and "OOM" in raised.message
+    stalled = device.run_with_budget(allocate_mb, 128, budget_mb=64, stall_s=2)  # stopped while the allocator waits
+    assert stalled.verdict == "oom" and "idle" in stalled.message and "64 MB arena" in stalled.message
 
 
 @pytest.mark.device
@@ -48,13 +50,14 @@ def test_run_with_budget_reports_errors_and_crashes_without_raising():
 
 
 @pytest.mark.device
-def test_one_stream_runs_one_op_at_a_time():
-    assert device.run_with_budget(inter_op_threads, budget_mb=64, one_stream=True).value == 1
+def test_one_stream_by_default_runs_one_op_at_a_time():
+    assert device.run_with_budget(inter_op_threads, budget_mb=64).value == 1
+    assert device.run_with_budget(inter_op_threads, budget_mb=64, one_stream=False).value == 0  # TF's own pool
 
 
 def test_one_stream_is_part_of_the_emulated_device_environment():
-    assert device.emulated_device_env(64, one_stream=True)["SEQMEM_INTER_OP_THREADS"] == "1"
-    assert "SEQMEM_INTER_OP_THREADS" not in device.emulated_device_env(64)
+    assert device.emulated_device_env(64)["SEQMEM_INTER_OP_THREADS"] == "1"
+    assert "SEQMEM_INTER_OP_THREADS" not in device.emulated_device_env(64, one_stream=False)
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), "12", True])
