@@ -126,7 +126,7 @@ def test_measured_peak_shows_the_saving_on_the_emulated_device():
     peaks = {}
     for attention in ("tfa", "efficient"):
         # TensorFlow's inter-op pool: on one stream the gradient loop's order varies far more (one stream,
-        # 3 runs: tfa 73-140 MB, efficient 132-172 MB; the pool, 2 runs: tfa 101-103, efficient 83-86)
+        # 3 runs: tfa 73-140 MB, efficient 132-172 MB; the pool, 2 runs: tfa 101-103, efficient 82-86)
         run = run_with_budget(median_step_peak_bytes, attention, 8, 50, 256, budget_mb=2048, one_stream=False)
         assert run.ok, run.message
         peaks[attention] = run.value

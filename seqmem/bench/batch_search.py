@@ -46,9 +46,9 @@ def largest_batch(
     """Largest batch <= `limit` for which `probe(batch, *args)` succeeds under `budget_mb` MiB.
 
     The probe is a module-level function run in a fresh process; it succeeds when it
-    returns a truthy value without error, and is stopped as out of memory once it sits idle
-    for 2 s (`run_with_budget`'s `stall_s`: probes must not wait on input pipelines). `start` is the first batch tried (a good
-    guess saves probes); the bisection stops once the bracket is within `precision`
+    returns a truthy value without error, and is stopped as out of memory once it sits
+    idle for 2 s (`run_with_budget`'s `stall_s`: probes must not wait on input
+    pipelines). `start` is the first batch tried (a good guess saves probes); the bisection stops once the bracket is within `precision`
     (relative: 0.02 means the answer is within 2% of the true largest batch);
     `runs`: fresh processes a batch must train in, stopping at the first that fails;
     `one_stream`: the emulated device's executor setting (`run_with_budget`);

@@ -17,7 +17,8 @@ def search_settings(args: dict[str, Any]) -> str:
     3 fresh processes, real OOM, one stream"."""
     runs = args.get("runs", 1)
     where = "in a fresh process" if runs == 1 else f"in each of {runs} fresh processes"
-    executor = "one stream" if args.get("executor", "one-stream") == "one-stream" else "TensorFlow's inter-op pool"
+    # reports without an executor were measured on the pool
+    executor = "one stream" if args.get("executor", "pool") == "one-stream" else "TensorFlow's inter-op pool"
     return f"trains two steps {where}, real OOM, {executor}"
 
 

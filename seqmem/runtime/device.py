@@ -29,7 +29,6 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -242,19 +241,17 @@ def run_with_budget(
 
 
 def _worker(job_path: str, result_path: str) -> None:
-    """Child side of `run_with_budget`: run the job, write the verdict atomically (once: from the job's
-    end or from the stall watch, whichever comes first)."""
+    """Child side of `run_with_budget`: run the job, write the verdict atomically: the job's, or the stall
+    watch's, which ends the process (the job's verdict is written only after the watch has stopped)."""
     with open(job_path, "rb") as job:
         function, args, kwargs, stall_s = pickle.load(job)
     import tensorflow as tf
 
     apply_thread_settings()
-    written = threading.Lock()
 
     def stalled(idle_s: float) -> None:
-        if written.acquire(blocking=False):
-            _write_result(result_path, _stall_verdict(idle_s))
-            os._exit(0)  # the job's thread is stuck in TensorFlow: no clean way out
+        _write_result(result_path, _stall_verdict(idle_s))
+        os._exit(0)  # the job's thread is stuck in TensorFlow: no clean way out
 
     with contextlib.ExitStack() as stack:
         if stall_s is not None:
@@ -265,8 +262,6 @@ def _worker(job_path: str, result_path: str) -> None:
             outcome = BudgetRun("oom", message=str(error).splitlines()[0][:500])
         except Exception:  # noqa: BLE001 - every failure is reported to the parent as a verdict
             outcome = BudgetRun("error", message=traceback.format_exc()[-4000:])
-    if not written.acquire(blocking=False):
-        threading.Event().wait()  # the stall watch is writing its verdict and ends the process
     _write_result(result_path, outcome)
 
 

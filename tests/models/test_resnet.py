@@ -98,8 +98,8 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
 @pytest.mark.slow
 @pytest.mark.device
 def test_benchmark_finds_a_larger_batch_with_seqmem_by_real_oom(tmp_path, capsys):
-    # the smallest configuration that shows the effect (measured on one stream, 2026-11-22: B_base 44-53,
-    # B_opt 86-108 in 4 runs; the search stops at 96)
+    # the smallest configuration that shows the effect (measured on one stream, 2026-11-22: B_base 44-53 in
+    # 4 runs, B_opt 86-112 in 3; the search stops at 96)
     argv = ["--tables", "a", "--no-recompute", "--depth", "20", "--image-size", "32", "--classes", "10",
             "--budget-mb", "256", "--max-batch", "96", "--precision", "0.25", "--runs", "1", "--out", str(tmp_path)]
     assert benchmark.main(argv) == 0
