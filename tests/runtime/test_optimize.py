@@ -26,7 +26,7 @@ def test_step_that_ooms_trains_under_the_same_budget_with_seqmem():
     # seqmem measured 119-138 MB in 3 of 3). The small CNN at 170 MB was not reliable (README).
     budget_mb = 200
     baseline = run_with_budget(trains, 256, Workload(cli_jobs.example_step, (("name", "resnet"),), False, budget_mb),
-                               budget_mb=budget_mb)
+                               budget_mb=budget_mb, stall_s=2)  # a probe on inputs in memory, as batch searches run
     assert baseline.verdict == "oom"
     optimized = run_with_budget(cli_jobs.plan_step, "example:resnet", 256, budget_mb, None, None, 0.3,
                                 budget_mb=budget_mb)
