@@ -135,7 +135,9 @@ def make_train_step(model: NMTModel, learning_rate: float = 1e-3):
     """A tf.function (source, source_length, target_in, target_out, target_length) -> loss, updating `model`."""
     optimizer = tf.keras.optimizers.Adam(learning_rate)
 
-    @tf.function
+    # no tensor-dependent Python control flow here: autograph would only convert tfa's and Keras' code
+    # (3/4 of the trace time, measured: 7.7 s -> 2.3 s), and the graph is the same without it
+    @tf.function(autograph=False)
     def train_step(source, source_length, target_in, target_out, target_length):
         with tf.GradientTape() as tape:
             logits, _ = model(source, source_length, target_in)

@@ -63,7 +63,7 @@ class TrainingRun:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
         self.checkpoints = tf.train.CheckpointManager(checkpoint, os.path.join(args.out, "checkpoints"), max_to_keep=2)
-        self._train_step = tf.function(self._step_function)
+        self._train_step = tf.function(self._step_function, autograph=False)  # as make_train_step
         self._optimized: dict[tuple, Any] = {}
 
     def _step_function(self, source, source_length, target_in, target_out, target_length):

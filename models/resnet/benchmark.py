@@ -52,7 +52,7 @@ def training_step(batch: int, depth: int, image_size: int, classes: int, recompu
     optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
     specs = (tf.TensorSpec([batch, image_size, image_size, 3]), tf.TensorSpec([batch], tf.int32))
 
-    @tf.function(input_signature=specs)
+    @tf.function(input_signature=specs, autograph=False)  # plain TensorFlow: nothing to convert
     def step(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)

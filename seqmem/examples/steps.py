@@ -35,7 +35,7 @@ class TrainingStep:
 def _train_step(model: tf.keras.Model, loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]):
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain TensorFlow: nothing to convert, the same graph
     def step(inputs, labels):
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(inputs, training=True))
