@@ -167,7 +167,7 @@ def plan_swaps(
     before = baseline.trace
     pinned_order = analysis.order if pinned else ()
     if before.peak_bytes <= target_bytes and baseline.placed:
-        fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: returned unchanged"
+        fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order)
 

@@ -17,7 +17,7 @@ from tensorflow.core.framework import graph_pb2
 from seqmem.analysis import StepAnalysis
 from seqmem.budget import Baseline, plan_swaps, simulate_baseline
 from seqmem.critical_path import MachineModel
-from seqmem.edge import capture
+from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
 from seqmem.ir.graph import TensorRef
@@ -48,14 +48,15 @@ def optimize(
     calibrate: bool = True,
     sample_inputs: Any = None,
     pin_order: bool = True,
+    loop_parallel_iterations: Optional[int] = 1,
 ) -> OptimizedStep:
     """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
 
     target: a tf.function (traced for `input_signature`, a sequence of
     TensorSpecs, when it has none of its own), a ConcreteFunction, a TF1
     tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
-    for functions (unchanged when the step already fits), with `.graph_def` and
-    `.plan`.
+    for functions (unchanged when the step already fits and has no loop to
+    bound), with `.graph_def` and `.plan`.
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
     the predictor's error. When no plan reaches that but calibration can run,
     the plan aims at the budget itself and the measurement decides.
@@ -72,20 +73,27 @@ def optimize(
     as on the emulated device) and does not fit as it is, pin it to its planned
     schedule with control edges (`seqmem.swap.pin`), so that it runs in the
     order the plan was simulated in. No effect elsewhere.
-    Raises ValueError for a budget that is not a positive finite number or a
-    margin outside [0, 1), TypeError for another target, InfeasibleBudgetError
-    when no swap set fits (with the lowest measured peak when calibration
-    measured one).
+    loop_parallel_iterations: every while loop of the step (Keras RNNs, tfa
+    decoders, their gradient loops) runs at most this many iterations at once
+    (`seqmem.edge.loops`): at 1 a loop's memory no longer depends on how far
+    ahead the executor runs it. None keeps the loops as traced.
+    Raises ValueError for a budget that is not a positive finite number, a
+    margin outside [0, 1) or a loop bound that is not a positive int,
+    TypeError for another target, InfeasibleBudgetError when no swap set fits
+    (with the lowest measured peak when calibration measured one).
     """
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
     budget_bytes = int(device.check_budget_mb(memory_budget_mb, "memory_budget_mb") * MIB)
     target_bytes = int(budget_bytes * (1 - safety_margin))
+    if loop_parallel_iterations is not None:
+        loops.check_parallel_iterations(loop_parallel_iterations)
     backend = backend or _default_backend()
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
         plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine,
                           min_swap_bytes=min_swap_bytes)
+        plan = dataclasses.replace(plan, loop_parallel_iterations=_loop_bound(analysis, loop_parallel_iterations))
         return build_step(analysis, plan, backend)
     if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
         raise TypeError(
@@ -99,7 +107,8 @@ def optimize(
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
-                       pinned=pin_order and bool(analysis.pinned_order))
+                       pinned=pin_order and bool(analysis.pinned_order),
+                       loop_parallel_iterations=loop_parallel_iterations)
     try:
         plan = planner.plan(target_bytes)
     except InfeasibleBudgetError:
@@ -112,6 +121,13 @@ def optimize(
     if not calibrating:
         return step
     return _calibrated(step, planner, backend, sample_inputs)
+
+
+def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:
+    """`parallel_iterations` if the step has a loop that may run more iterations at once, else None."""
+    if parallel_iterations is None or not loops.loops_above(capture.to_graph_def(analysis.graph), parallel_iterations):
+        return None
+    return parallel_iterations
 
 
 def _default_backend() -> SwapBackend:
@@ -127,11 +143,14 @@ class _Planner:
     allocator model's fragmentation rules out is planned without that check.
     pinned: a step that does not fit as it is gets pinned, to its schedule or to its own order,
     where a pinned plan fits.
+    loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
-                 arena_bytes: Optional[int], measurable: bool, pinned: bool) -> None:
+                 arena_bytes: Optional[int], measurable: bool, pinned: bool,
+                 loop_parallel_iterations: Optional[int]) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
+        self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
         self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes}
         self._arena_bytes, self._measurable = arena_bytes, measurable
         # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
@@ -148,14 +167,15 @@ class _Planner:
 
     def plan(self, target_bytes: int) -> SwapPlan:
         try:
-            return self._plan(target_bytes)
+            plan = self._plan(target_bytes)
         except ArenaFragmentationError:
             if self._arena_bytes is None or not self._measurable:
                 raise
             # Only the allocator model's fragmentation stood in the way: a model, which calibration
             # checks on the device itself. Plan without it from here on.
             self._arena_bytes = None
-            return self._plan(target_bytes)
+            plan = self._plan(target_bytes)
+        return dataclasses.replace(plan, loop_parallel_iterations=self._loop_bound)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
         """As it is when the step fits so; otherwise the first plan that fits of: each pinned order, lowest

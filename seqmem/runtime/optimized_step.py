@@ -13,6 +13,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.loops import bound_loops
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SwapBackend, rewrite
 from seqmem.units import MIB
@@ -38,7 +39,7 @@ class OptimizedStep:
         self.original = original
         self._run = None
         if function is not None:
-            unchanged = not plan.decisions and not plan.pinned_order
+            unchanged = not plan.decisions and not plan.pinned_order and plan.loop_parallel_iterations is None
             self._run = original if unchanged else _executable(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
@@ -63,6 +64,8 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
     tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise."""
     graph_def = capture.to_graph_def(rewrite(analysis.graph, plan, backend))
+    if plan.loop_parallel_iterations is not None:
+        graph_def = bound_loops(graph_def, plan.loop_parallel_iterations)
     return OptimizedStep(analysis, plan, graph_def, function, original)
 
 

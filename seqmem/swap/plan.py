@@ -57,6 +57,8 @@ class SwapPlan:
     `optimize` calibrated it.
     pinned_order: the order the rewritten step is pinned to (`seqmem.swap.pin`),
     swap nodes aside; empty when it is not pinned.
+    loop_parallel_iterations: the most iterations any while loop of the step
+    runs at once (`seqmem.edge.loops`); None: loops as traced.
     """
 
     budget_bytes: int
@@ -69,6 +71,7 @@ class SwapPlan:
     notes: tuple[str, ...] = field(default=())
     measured_peak_bytes: int | None = None
     pinned_order: tuple[str, ...] = ()
+    loop_parallel_iterations: int | None = None
 
     @property
     def feasible(self) -> bool:
@@ -88,6 +91,9 @@ class SwapPlan:
         ]
         if self.pinned_order:
             lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.swap.pin)")
+        if self.loop_parallel_iterations is not None:
+            lines.append(f"while loops run at most {self.loop_parallel_iterations} iteration(s) at once "
+                         f"(see seqmem.edge.loops)")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak {self.measured_peak_bytes / MIB:.1f} MB")
         lines += list(self.notes)

@@ -181,3 +181,21 @@ def test_benchmark_bad_flags(argv, capsys):
         benchmark.main(argv)
     assert exit_info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--steps-of", "gru"], ["--steps-of", ""], ["--runs", "0"], ["--steps", "0"],
+                                  ["--executor", "gpu"]])
+def test_loop_peaks_bad_flags(argv, capsys):
+    from models.nmt import loop_peaks
+
+    with pytest.raises(SystemExit) as exit_info:
+        loop_peaks.main(argv)
+    assert exit_info.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_loop_peaks_row_reports_the_spread_in_mb():
+    from models.nmt.loop_peaks import format_row
+
+    row = format_row("tfa", "bounded to 1", 2, {"peak_bytes": [73 << 20, 71 << 20, 72 << 20],
+                                                 "median_step_s": 0.4, "predicted_peak_bytes": 87 << 20})
+    assert row == "| tfa | bounded to 1 | 2 | 71.0 | 72.0 | 73.0 | 87.0 | 400 |"
