@@ -1,9 +1,13 @@
-"""Measured peaks of a loop-heavy training step, its loops as traced vs bounded to one iteration at a time.
+"""Measured peaks of a loop-heavy training step: loops as traced, bounded to one iteration at a time, and
+bounded with every swappable loop accumulator in host memory.
 
 Steps: "tfa" and "efficient" (the NMT step, T=50, batch 8, 256 units, with
 tfa's or seqmem's attention) and "lstm" (the built-in lstm example, batch 64).
 "Bounded" is `seqmem.optimize` at a budget the step fits (no swaps, every loop
-at `loop_parallel_iterations=1`). Each pair runs in --runs fresh
+at `loop_parallel_iterations=1`); "bounded, lists swapped" adds
+`seqmem.edge.loop_swap` on every accumulator it can swap (`optimize` does not
+choose loop swaps yet; the lstm example has none it can: its loops run inside
+Keras' functions). Each setting runs in --runs fresh
 emulated-device processes (2048 MB); each process reports the lowest, median
 and highest peak of --steps steps after a warm-up, the median step time, and
 seqmem's predicted peak.
@@ -26,10 +30,18 @@ STEPS = ("tfa", "efficient", "lstm")
 _DEVICE_MB = 2048
 
 
-def peaks(step_name: str, bounded: bool, steps: int) -> dict[str, Any]:
-    """Child process: measured peaks (bytes) and median seconds of `steps` steps, and the predicted peak."""
+LOOP_SETTINGS = ("as traced", "bounded to 1", "bounded, lists swapped")
+
+
+def peaks(step_name: str, loops: str, steps: int) -> dict[str, Any]:
+    """Child process: measured peaks (bytes) and median seconds of `steps` steps with `loops` (one of
+    LOOP_SETTINGS), and the predicted peak of the step as traced."""
+    import tensorflow as tf
+
+    from seqmem.edge.loop_swap import loop_accumulators, swap_loop_accumulators
     from seqmem.runtime.measure import timed_steps
     from seqmem.runtime.optimize import optimize
+    from seqmem.runtime.optimized_step import graph_def_runner
 
     if step_name == "lstm":
         from seqmem.examples.steps import build_example
@@ -41,8 +53,13 @@ def peaks(step_name: str, bounded: bool, steps: int) -> dict[str, Any]:
 
         step, inputs, specs = training_step(8, 50, 256, vocab=1000, attention=step_name)
     optimized = optimize(step, 1e5, input_signature=specs, calibrate=False,
-                         loop_parallel_iterations=1 if bounded else None)
-    measured, seconds = timed_steps(optimized, inputs, steps)
+                         loop_parallel_iterations=None if loops == "as traced" else 1)
+    run = optimized
+    if loops == "bounded, lists swapped":
+        graph_def = optimized.graph_def
+        run = graph_def_runner(optimized.function, swap_loop_accumulators(graph_def, loop_accumulators(graph_def)))
+        inputs = tf.nest.flatten(inputs)
+    measured, seconds = timed_steps(run, inputs, steps)
     return {"peak_bytes": measured, "median_step_s": statistics.median(seconds),
             "predicted_peak_bytes": optimized.plan.predicted_peak_before_bytes}
 
@@ -74,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| step | loops | run | lowest MB | median MB | highest MB | predicted MB | median step ms |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        for loops, bounded in (("as traced", False), ("bounded to 1", True)):
+        for loops in LOOP_SETTINGS:
             for run in range(1, args.runs + 1):
-                result = run_with_budget(loop_peaks.peaks, name, bounded, args.steps, budget_mb=_DEVICE_MB,
+                result = run_with_budget(loop_peaks.peaks, name, loops, args.steps, budget_mb=_DEVICE_MB,
                                          one_stream=args.executor == "one-stream")
                 print(format_row(name, loops, run, result.value) if result.ok else
                       f"| {name} | {loops} | {run} | {result.verdict}: {result.message.strip()[-200:]} |||||", flush=True)

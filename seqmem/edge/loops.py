@@ -4,9 +4,10 @@ A loop runs up to `parallel_iterations` iterations at once (tf.while_loop: 10,
 tfa's decoders and every gradient loop of theirs: 32). Each iteration in flight
 holds its own temporaries, and a gradient loop pops its saved activations that
 far ahead, so a loop's memory depends on the order the executor happens to pick.
-Bounded at 1, iterations run one after another. Measured on the NMT step (tfa
-decoder, T=50, batch 8, 256 units; emulated device, one stream, 8 steps): peaks
-74.7-138.6 MB as traced, 72.5-73.8 MB with the decoder's loops at 1.
+Bounded at 1, iterations run one after another. Measured on the NMT step (T=50,
+batch 8, 256 units; emulated device, one stream; `python -m models.nmt.loop_peaks`,
+docs/results.md): per-process median peaks 57-177 MB as traced, 54.7-74.1 MB
+bounded.
 
 Loops are functional `While`/`StatelessWhile` nodes (TF1 frames: their `Enter`
 nodes), in the graph or inside library functions (Keras' LSTM runs its loop in
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+from seqmem.edge import library
 
 __all__ = ["bound_loops", "check_parallel_iterations", "loops_above"]
 
@@ -43,14 +46,13 @@ def bound_loops(graph_def: graph_pb2.GraphDef, parallel_iterations: int) -> grap
     check_parallel_iterations(parallel_iterations)
     bounded = graph_pb2.GraphDef()
     bounded.CopyFrom(graph_def)
-    renamed = _functions_to_copy(bounded.library, parallel_iterations)
+    with_loops = [f.signature.name for f in bounded.library.function if _over(f.node_def, parallel_iterations)]
+    renamed = library.copies_for(bounded.library, with_loops, f"_seqmem_loops{parallel_iterations}")
+    library.rename_functions(bounded.library, renamed)
+    library.follow_copies(bounded.node, renamed)
     for function in bounded.library.function:
-        function.signature.name = renamed.get(function.signature.name, function.signature.name)
-        _bound(function.node_def, parallel_iterations, renamed)
-    for gradient in bounded.library.gradient:
-        gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
-        gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)
-    _bound(bounded.node, parallel_iterations, renamed)
+        _bound(function.node_def, parallel_iterations)
+    _bound(bounded.node, parallel_iterations)
     return bounded
 
 
@@ -64,39 +66,6 @@ def _over(nodes: Iterable[node_def_pb2.NodeDef], parallel_iterations: int) -> li
     return [n for n in nodes if n.op in _LOOP_OPS and n.attr["parallel_iterations"].i > parallel_iterations]
 
 
-def _called(node: node_def_pb2.NodeDef) -> set[str]:
-    """Functions `node` refers to: as its op, or in any function-valued attribute (a call's `f`, a loop's
-    `body` and `cond`, a conditional's branches)."""
-    names = {node.op}
-    for value in node.attr.values():
-        if value.HasField("func"):
-            names.add(value.func.name)
-        names.update(f.name for f in value.list.func)
-    return names
-
-
-def _functions_to_copy(library: function_pb2.FunctionDefLibrary, parallel_iterations: int) -> dict[str, str]:
-    """{name: copy's name} of every function with a loop over the bound, directly or through what it calls."""
-    calls = {f.signature.name: {name for n in f.node_def for name in _called(n)} for f in library.function}
-    to_copy = {f.signature.name for f in library.function if _over(f.node_def, parallel_iterations)}
-    grew = True
-    while grew:
-        callers = {name for name, called in calls.items() if called & to_copy} - to_copy
-        to_copy |= callers
-        grew = bool(callers)
-    return {name: f"{name}_seqmem_loops{parallel_iterations}" for name in sorted(to_copy)}
-
-
-def _bound(nodes: Iterable[node_def_pb2.NodeDef], parallel_iterations: int, renamed: dict[str, str]) -> None:
-    """Bound the loops among `nodes` and point every reference to a renamed function at its copy."""
-    for node in nodes:
-        if node.op in _LOOP_OPS and node.attr["parallel_iterations"].i > parallel_iterations:
-            node.attr["parallel_iterations"].i = parallel_iterations
-        if node.op in renamed:
-            node.op = renamed[node.op]
-        for value in node.attr.values():
-            if value.HasField("func") and value.func.name in renamed:
-                value.func.name = renamed[value.func.name]
-            for function in value.list.func:
-                if function.name in renamed:
-                    function.name = renamed[function.name]
+def _bound(nodes: Iterable[node_def_pb2.NodeDef], parallel_iterations: int) -> None:
+    for node in _over(nodes, parallel_iterations):
+        node.attr["parallel_iterations"].i = parallel_iterations

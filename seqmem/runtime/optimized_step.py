@@ -18,7 +18,7 @@ from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SwapBackend, rewrite
 from seqmem.units import MIB
 
-__all__ = ["OptimizedStep", "build_step"]
+__all__ = ["OptimizedStep", "build_step", "graph_def_runner"]
 
 
 class OptimizedStep:
@@ -40,7 +40,7 @@ class OptimizedStep:
         self._run = None
         if function is not None:
             unchanged = not plan.decisions and not plan.pinned_order and plan.loop_parallel_iterations is None
-            self._run = original if unchanged else _executable(function, graph_def)
+            self._run = original if unchanged else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
         if self._run is None:
@@ -69,8 +69,9 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     return OptimizedStep(analysis, plan, graph_def, function, original)
 
 
-def _executable(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):
-    """A callable running `graph_def` with `function`'s flat inputs, its captures mapped in."""
+def graph_def_runner(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):
+    """A callable running `graph_def` (`function`'s graph, rewritten) with `function`'s flat inputs, its
+    captures (variables) mapped in; it returns the flat outputs."""
     captured = list(function.captured_inputs)
     placeholders = function.graph.inputs
     user_inputs = placeholders[: len(placeholders) - len(captured)]

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from seqmem.edge.loops import bound_loops, loops_above
-from seqmem.runtime.optimized_step import _executable
+from seqmem.runtime.optimized_step import graph_def_runner
 from seqmem.swap.plan import SwapPlan
 
 
@@ -55,7 +55,7 @@ def test_every_loop_is_bounded_and_the_step_computes_the_same():
 
     start = [v.numpy() for v in variables]
     results = []
-    for run in (function, _executable(function, bounded)):
+    for run in (function, graph_def_runner(function, bounded)):
         for variable, value in zip(variables, start):
             variable.assign(value)
         losses = [float(tf.nest.flatten(run(inputs))[0]) for _ in range(3)]

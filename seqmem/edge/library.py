@@ -1,0 +1,62 @@
+"""Editing functions of a GraphDef's library under new names.
+
+A function already registered in TensorFlow's runtime cannot be redefined
+under its own name, so an edited function gets a copy `<name><suffix>`, and so
+does every function that calls one (directly, as a loop body or branch, or
+through a call op), up to the graph; each reference then follows the copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tensorflow.core.framework import function_pb2, node_def_pb2
+
+__all__ = ["copies_for", "follow_copies", "rename_functions"]
+
+
+def _called_functions(node: node_def_pb2.NodeDef) -> set[str]:
+    """Names `node` may call: its op, and every function-valued attribute (a call's `f`, a loop's `body`
+    and `cond`, a conditional's branches)."""
+    names = {node.op}
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.add(value.func.name)
+        names.update(f.name for f in value.list.func)
+    return names
+
+
+def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:
+    """{name: copy's name} for the `edited` functions and every function that calls one, transitively."""
+    calls = {f.signature.name: {name for n in f.node_def for name in _called_functions(n)} for f in library.function}
+    to_copy = set(edited)
+    grew = True
+    while grew:
+        callers = {name for name, called in calls.items() if called & to_copy} - to_copy
+        to_copy |= callers
+        grew = bool(callers)
+    return {name: f"{name}{suffix}" for name in sorted(to_copy)}
+
+
+def follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]) -> None:
+    """Point every reference in `nodes` to a renamed function at its copy (in place)."""
+    for node in nodes:
+        if node.op in renamed:
+            node.op = renamed[node.op]
+        for value in node.attr.values():
+            if value.HasField("func") and value.func.name in renamed:
+                value.func.name = renamed[value.func.name]
+            for function in value.list.func:
+                if function.name in renamed:
+                    function.name = renamed[function.name]
+
+
+def rename_functions(library: function_pb2.FunctionDefLibrary, renamed: dict[str, str]) -> None:
+    """Rename the library's functions and gradient entries by `renamed`, and follow the copies inside
+    (in place)."""
+    for function in library.function:
+        function.signature.name = renamed.get(function.signature.name, function.signature.name)
+        follow_copies(function.node_def, renamed)
+    for gradient in library.gradient:
+        gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)
