@@ -68,7 +68,9 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
     for forward in graph_def.node:
         if forward.op not in _LOOP_OPS:
             continue
-        body = functions[forward.attr["body"].func.name]
+        body = functions.get(forward.attr["body"].func.name)
+        if body is None:  # a body outside the graph's library: nothing to edit
+            continue
         for index, name in enumerate(forward.input):
             source = nodes.get(_tensor(name).rsplit(":", 1)[0])
             if source is None or source.op != "EmptyTensorList" or _tensor(name) != f"{source.name}:0":
@@ -79,7 +81,8 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
             if len(gradient) != 1 or nodes[gradient[0][0]].op not in _LOOP_OPS:
                 continue
             gradient_loop, gradient_index = gradient[0]
-            if not _pops(functions[nodes[gradient_loop].attr["body"].func.name], gradient_index):
+            gradient_body = functions.get(nodes[gradient_loop].attr["body"].func.name)
+            if gradient_body is None or not _pops(gradient_body, gradient_index):
                 continue
             shape = _element_shape(nodes, source)
             dtype = tf.dtypes.as_dtype(source.attr["element_dtype"].type)
@@ -103,7 +106,7 @@ def swap_loop_accumulators(graph_def: graph_pb2.GraphDef, swaps: Sequence[LoopSw
     nodes = {n.name: n for n in swapped.node}
     functions = {f.signature.name: f for f in swapped.library.function}
     edited = set()
-    for number, swap in enumerate(swaps):
+    for swap in swaps:
         dtype = tf.as_dtype(swap.dtype).as_datatype_enum
         accumulator = nodes[swap.accumulator]
         accumulator.attr["element_dtype"].type = tf.string.as_datatype_enum
