@@ -27,10 +27,8 @@ from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
 
 STEPS = ("tfa", "efficient", "lstm")
-_DEVICE_MB = 2048
-
-
 LOOP_SETTINGS = ("as traced", "bounded to 1", "bounded, lists swapped")
+_DEVICE_MB = 2048
 
 
 def peaks(step_name: str, loops: str, steps: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
 __all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
 
@@ -39,7 +40,6 @@ _LIST_PASSTHROUGH_OPS = frozenset({
     "TensorListSetItem",
 })
 _CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-_LOOP_OPS = frozenset({"StatelessWhile", "While"})
 _MAX_VARIANT_DEPTH = 64
 
 
@@ -208,7 +208,7 @@ class _VariantSizer:
         index = tensor.value_index
         recurse = lambda t: self._size(t, callers, trip_count, depth + 1, filled)  # noqa: E731
         if op.type in ("EmptyTensorList", "TensorListReserve"):
-            # a new list holds no element buffers; a loop fills it (trip_count given by _LOOP_OPS)
+            # a new list holds no element buffers; a loop fills it (trip_count given by FUNCTIONAL_LOOP_OPS)
             return self._list_bytes(op, trip_count) if filled else 0
         if op.type == "TensorListFromTensor":
             return _bytes(op.inputs[0].dtype, op.inputs[0].shape)
@@ -216,7 +216,7 @@ class _VariantSizer:
             return recurse(op.inputs[0])
         if op.type == "IdentityN":
             return recurse(op.inputs[index]) if index < len(op.inputs) else None
-        if op.type in _LOOP_OPS:
+        if op.type in FUNCTIONAL_LOOP_OPS:
             if index >= len(op.inputs):
                 return None
             pushed = self._pushed_values(op, index)

@@ -31,10 +31,10 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 
 from seqmem.edge import library
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
 __all__ = ["LoopSwap", "loop_accumulators", "swap_loop_accumulators"]
 
-_LOOP_OPS = frozenset({"StatelessWhile", "While"})
 _FLOAT_TYPES = frozenset({tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum,
                           tf.float64.as_datatype_enum})
 _SUFFIX = "_seqmem_swapped"
@@ -66,7 +66,7 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
             readers.setdefault(_tensor(name), []).append((node.name, position))
     found = []
     for forward in graph_def.node:
-        if forward.op not in _LOOP_OPS:
+        if forward.op not in FUNCTIONAL_LOOP_OPS:
             continue
         body = functions.get(forward.attr["body"].func.name)
         if body is None:  # a body outside the graph's library: nothing to edit
@@ -78,7 +78,7 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
             if source.attr["element_dtype"].type not in _FLOAT_TYPES or not _pushes_a_computed_value(body, index):
                 continue
             gradient = readers.get(f"{forward.name}:{index}", [])
-            if len(gradient) != 1 or nodes[gradient[0][0]].op not in _LOOP_OPS:
+            if len(gradient) != 1 or nodes[gradient[0][0]].op not in FUNCTIONAL_LOOP_OPS:
                 continue
             gradient_loop, gradient_index = gradient[0]
             gradient_body = functions.get(nodes[gradient_loop].attr["body"].func.name)

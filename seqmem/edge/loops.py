@@ -23,10 +23,11 @@ from collections.abc import Iterable
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from seqmem.edge import library
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
 __all__ = ["bound_loops", "check_parallel_iterations", "loops_above"]
 
-_LOOP_OPS = frozenset({"Enter", "RefEnter", "StatelessWhile", "While"})
+_LOOP_OPS = FUNCTIONAL_LOOP_OPS | {"Enter", "RefEnter"}  # TF1 frames take their bound from Enter
 
 
 def loops_above(graph_def: graph_pb2.GraphDef, parallel_iterations: int) -> list[str]:

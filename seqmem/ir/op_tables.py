@@ -8,6 +8,7 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
+    "FUNCTIONAL_LOOP_OPS",
     "INEXPENSIVE_KERNEL_OPS",
     "INLINE_OPS",
     "INPLACE_OPS",
@@ -24,6 +25,9 @@ __all__ = [
 # left out of topological orders, as TensorFlow's executor does.
 LOOP_BACK_OPS = frozenset(["NextIteration", "RefNextIteration"])
 LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
+
+# A tf.function's while loop: one node, its body and condition functions in the library.
+FUNCTIONAL_LOOP_OPS = frozenset(["StatelessWhile", "While"])
 
 # Ops whose kernels tell TensorFlow's executor they are inexpensive
 # (OpKernel::IsExpensive() is false), so the executor runs them inline
