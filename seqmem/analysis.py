@@ -7,7 +7,7 @@ calls `analyze_graph`. The result is plain data; nothing here runs the step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -18,6 +18,7 @@ from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
+from seqmem.swap.plan import LoopSwap
 
 __all__ = ["StepAnalysis", "analyze_graph"]
 
@@ -31,6 +32,8 @@ class StepAnalysis:
     in on one compute stream once pinned to its ASAP schedule
     (`seqmem.swap.pin`); empty when it cannot be pinned (TF1 control flow) or
     the executor runs more than one op at a time.
+    loop_swaps: the loop accumulators a plan may swap element by element
+    (found by `seqmem.edge.loop_swap.loop_accumulators`).
     """
 
     graph: Graph
@@ -39,6 +42,7 @@ class StepAnalysis:
     order: tuple[str, ...]
     scratch_bytes: Mapping[str, int]
     pinned_order: tuple[str, ...] = ()
+    loop_swaps: tuple[LoopSwap, ...] = ()
 
     def pinned(self) -> "StepAnalysis":
         """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
@@ -63,6 +67,7 @@ def analyze_graph(
     op_time_s: Optional[Mapping[str, float]] = None,
     measured_scratch_bytes: Optional[Mapping[str, int]] = None,
     inter_op_threads: int = 1,
+    loop_swaps: Sequence[LoopSwap] = (),
 ) -> StepAnalysis:
     """Analyze the training step `graph`.
 
@@ -73,6 +78,7 @@ def analyze_graph(
     device's one compute stream): nodes run in `executor_order`, or in
     `pinned_order` once pinned. More: in ASAP order, each charged the scratch
     of up to that many - 1 ops overlapping it in time.
+    loop_swaps: the step's swappable loop accumulators, recorded as they are.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -85,6 +91,6 @@ def analyze_graph(
         scratch.update(measured_scratch_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
-                                pinned_order(graph, timing))
+                                pinned_order(graph, timing), tuple(loop_swaps))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
-        return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch)
+        return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps))

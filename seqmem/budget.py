@@ -12,6 +12,13 @@ update on a max segment tree (O(log n) per candidate). The allocator's
 fragmentation is then checked by one full simulation with the BFC model; if
 that still exceeds the budget, selection continues with a lower target.
 Persistent memory (weights, optimizer slots, inputs) counts against the budget.
+
+Loops come first: the accumulators a forward while loop fills for its gradient
+loop (one element per iteration) can be swapped element by element inside the
+loops (`seqmem.edge.loop_swap`). The selector takes whole loops, all their
+accumulators together (buffers that alias across iterations go together),
+longest-lived first, each while it lowers the predicted peak, and then swaps
+feature maps of the step so loop-swapped.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError, Simula
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
+from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
-from seqmem.swap.plan import SkippedCandidate, SwapDecision, SwapPlan
+from seqmem.swap.plan import LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
 
@@ -45,6 +53,9 @@ class Baseline:
 
     trace: MemoryTrace
     placed: bool
+
+    def fits(self, target_bytes: int) -> bool:
+        return self.trace.peak_bytes <= target_bytes and self.placed
 
 
 def _simulate(analysis: StepAnalysis, events, allocator: str, arena_bytes: Optional[int]) -> tuple[MemoryTrace, bool]:
@@ -135,6 +146,7 @@ def plan_swaps(
     allocator: str = "bfc",
     arena_bytes: Optional[int] = None,
     pinned: bool = False,
+    loop_swap_depth: Optional[int] = None,
 ) -> SwapPlan:
     """Choose feature maps to swap so that the predicted peak fits `target_bytes`.
 
@@ -155,6 +167,9 @@ def plan_swaps(
     when the bytes fit but the allocator model cannot place them in the arena.
     pinned: plan for the step pinned to its schedule (`StepAnalysis.pinned`);
     the plan records that order, and the rewrite pins it even without swaps.
+    loop_swap_depth: swap the analysis's loop accumulators (`StepAnalysis.loop_swaps`)
+    where that helps, with loops bounded to this many iterations at once
+    (recorded as the plan's `loop_parallel_iterations`); None: no loop swaps.
     """
     target_bytes = budget_bytes if target_bytes is None else target_bytes
     if target_bytes <= 0:
@@ -166,21 +181,32 @@ def plan_swaps(
         baseline = simulate_baseline(analysis, allocator=allocator, arena_bytes=arena_bytes)
     before = baseline.trace
     pinned_order = analysis.order if pinned else ()
-    if before.peak_bytes <= target_bytes and baseline.placed:
+    if baseline.fits(target_bytes):
         fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order)
 
-    device = before.busiest()
+    loop_swaps: tuple[LoopSwap, ...] = ()
+    if loop_swap_depth is not None and analysis.loop_swaps:
+        loop_swaps, analysis, baseline = _choose_loop_swaps(analysis, baseline, target_bytes, loop_swap_depth,
+                                                            allocator, arena_bytes)
+    loop_fields = _loop_fields(loop_swaps, loop_swap_depth, graph, machine)
+    graph, start = analysis.graph, baseline.trace
+    if baseline.fits(target_bytes):
+        return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes, pinned_order=pinned_order,
+                        notes=("the step fits with its loops' accumulators swapped: no other swaps",), **loop_fields)
+
+    device = start.busiest()
     tree = _MaxTree(device.tensor_live_bytes)
     position = {name: i for i, name in enumerate(order)}
     triggers = TriggerIndex(graph, timing, anatomy.backward)
-    candidates, skipped = _candidates(graph, anatomy, timing, before, machine, min_swap_bytes, position, triggers)
+    candidates, skipped = _candidates(graph, anatomy, timing, start, machine, min_swap_bytes, position, triggers,
+                                      {swap.tensor for swap in loop_swaps})
 
     chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
     live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
-    after, placed = before, baseline.placed
-    lowest = before  # the lowest peak of the plans tried: more swaps can raise a peak
+    after, placed = start, baseline.placed
+    lowest = start  # the lowest peak of the plans tried: more swaps can raise a peak
     forced = 1
     for _ in range(_MAX_ROUNDS):
         added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes)
@@ -202,10 +228,9 @@ def plan_swaps(
             forced = 1
         if after.peak_bytes > target_bytes:
             live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
-    plan = dataclasses.replace(
-        _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes),
-        pinned_order=pinned_order,
-    )
+    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
+    plan = dataclasses.replace(plan, pinned_order=pinned_order, **{
+        **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
     if after.peak_bytes <= target_bytes and not placed:
         raise ArenaFragmentationError(
@@ -224,7 +249,42 @@ def plan_swaps(
     return plan
 
 
-def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_bytes, position, triggers):
+def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes: int, depth: int, allocator: str,
+                       arena_bytes: Optional[int]) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
+    """The loop swaps to make (whole forward loops, longest-lived first, each kept when it lowers the
+    predicted peak, until the step fits `target_bytes`), the analysis of the step so swapped, its baseline."""
+    by_loop: dict[str, list[LoopSwap]] = {}
+    for swap in analysis.loop_swaps:
+        if swap.element_bytes and analysis.graph.tensor(swap.tensor).size_bytes:
+            by_loop.setdefault(swap.forward_loop, []).append(swap)
+    distance = analysis.timing.distance_to_loss_s
+    position = {name: i for i, name in enumerate(analysis.order)}
+    chosen: list[LoopSwap] = []
+    current, current_baseline = analysis, baseline
+    for loop in sorted(by_loop, key=lambda name: (-distance.get(name, 0.0), position[name])):
+        if current_baseline.fits(target_bytes):
+            break
+        graph, scratch = with_loop_swaps(analysis.graph, analysis.scratch_bytes, chosen + by_loop[loop], depth)
+        trial = dataclasses.replace(analysis, graph=graph, scratch_bytes=scratch)
+        trial_baseline = simulate_baseline(trial, allocator=allocator, arena_bytes=arena_bytes)
+        if trial_baseline.trace.peak_bytes < current_baseline.trace.peak_bytes:
+            chosen += by_loop[loop]
+            current, current_baseline = trial, trial_baseline
+    return tuple(chosen), current, current_baseline
+
+
+def _loop_fields(loop_swaps: tuple[LoopSwap, ...], depth: Optional[int], graph: Graph, machine: MachineModel) -> dict:
+    """The plan's record of `loop_swaps` (sized in the step's unswapped `graph`); each list's bytes cross to the host and back, one element at a
+    time and not hidden behind the loop's computation (counted as overhead)."""
+    if not loop_swaps:
+        return {"predicted_overhead_s": 0.0}
+    swapped = sum(swap.element_bytes * iterations(graph, swap) for swap in loop_swaps)
+    return {"loop_swaps": loop_swaps, "loop_swapped_bytes": swapped, "loop_parallel_iterations": depth,
+            "predicted_overhead_s": 2 * transfer_time_s(swapped, machine)}
+
+
+def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_bytes, position, triggers,
+                loop_swapped: set[TensorRef]):
     """Feature maps worth trying, longest-lived first, as (tensor, out_pos, in_pos, decision); and the skipped."""
     aliases: dict[TensorRef, list[TensorRef]] = {}
     for tensor, owner in trace.buffer_of.items():
@@ -234,6 +294,9 @@ def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_by
     candidates, skipped = [], []
     for ref in ordered:
         size = graph.tensor(ref).size_bytes
+        if ref in loop_swapped:
+            skipped.append(SkippedCandidate(ref, size or 0, "a loop accumulator swapped element by element"))
+            continue
         if size is None or size < min_swap_bytes:
             skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {min_swap_bytes} bytes"))
             continue

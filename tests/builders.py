@@ -51,3 +51,28 @@ class IdentityBackend:
 
     def swap_in(self, name, host, info, trigger, consumer):
         return [Node(name, "DeviceCopy", (host,), control_inputs=(trigger,), outputs=(info,))]
+
+
+def loop_training_graph(iterations=10, element_bytes=1 << 20):
+    """x -> forward While (state h, and a list saving one element per iteration) -> head -> loss;
+    gradient_tape/head_grad reads h, gradient_tape/while_grad pops the list; update reads its result.
+
+    Returns the graph and the list's `LoopSwap` (accumulator `acc`, the list at `fwd:1`).
+    """
+    from seqmem.swap.plan import LoopSwap
+
+    variant = lambda size: TensorInfo("variant", (), size)  # noqa: E731
+    g = graph(
+        node("x", "Placeholder", outputs=(1024,)),
+        node("acc", "EmptyTensorList", outputs=(variant(0),)),
+        node("fwd", "While", ["x", "acc"], outputs=(element_bytes, variant(iterations * element_bytes))),
+        node("head", "Op", ["fwd:0"], outputs=(element_bytes,)),
+        node("loss", "Sum", ["head"], outputs=(TensorInfo("float32", (), 4),)),
+        node("ones", "Const", outputs=(4,)),
+        node("gradient_tape/head_grad", "Op", ["ones", "fwd:0"], outputs=(element_bytes,)),
+        node("gradient_tape/while_grad", "While", ["gradient_tape/head_grad", "fwd:1"],
+             outputs=(1024, variant(0))),
+        node("update", "AssignSub", ["gradient_tape/while_grad:0"], outputs=()),
+    )
+    swap = LoopSwap("acc", "fwd", 1, "gradient_tape/while_grad", 1, "float32", (element_bytes // 4,), element_bytes)
+    return g, swap

@@ -8,7 +8,7 @@ from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import rewrite
-from tests.builders import IdentityBackend, graph, node
+from tests.builders import IdentityBackend, graph, loop_training_graph, node
 
 MB = 1 << 20
 
@@ -137,3 +137,34 @@ def test_random_plans_are_acyclic_deterministic_and_honest(case):
             # the rerouted reader reads a copy of exactly the swapped tensor
             copy = new.node(next(r.node for r in new.node(consumer).inputs if r.node.startswith("seqmem_swap")))
             assert new.node(copy.inputs[0].node).inputs[0] == decision.tensor
+
+
+def _loop_analysis(**sizes):
+    g, swap = loop_training_graph(**sizes)
+    return analyze_graph(g, loop_swaps=[swap]), swap
+
+
+def test_a_loop_that_saves_too_much_swaps_its_accumulator_element_by_element():
+    analysis, swap = _loop_analysis(iterations=10, element_bytes=MB)
+    plan = plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1)
+    assert plan.predicted_peak_before_bytes > 10 * MB and plan.feasible
+    assert plan.loop_swaps == (swap,) and plan.loop_parallel_iterations == 1
+    assert plan.loop_swapped_bytes == 10 * MB and plan.predicted_overhead_s > 0
+    assert TensorRef("fwd", 1) not in {d.tensor for d in plan.decisions}  # never swapped whole as well
+    assert "1 loop accumulators of 1 loop(s) swapped element by element (10.0 MB; prefetch depth 1" in plan.summary()
+    assert SwapPlan.from_json(plan.to_json()) == plan
+
+
+def test_loop_swaps_only_when_asked_for_and_needed():
+    analysis, _ = _loop_analysis(iterations=10, element_bytes=MB)
+    fits = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact", loop_swap_depth=1)
+    assert not fits.loop_swaps and fits.loop_parallel_iterations is None
+    with pytest.raises(InfeasibleBudgetError):  # the list can only go whole, and the gradient loop needs it whole
+        plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact")
+
+
+def test_a_deeper_prefetch_keeps_more_elements_on_the_device():
+    analysis, _ = _loop_analysis(iterations=10, element_bytes=MB)
+    shallow = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=1)
+    deep = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=4)
+    assert deep.predicted_peak_after_bytes == shallow.predicted_peak_after_bytes + 3 * MB

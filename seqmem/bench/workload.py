@@ -39,7 +39,7 @@ class Runnable:
     """A workload's step at one batch, callable on `inputs`.
 
     predicted_peak_bytes: seqmem's prediction (None unless asked for);
-    swaps: tensors the plan swaps (0 for unoptimized steps).
+    swaps: tensors and loop accumulators the plan swaps (0 for unoptimized steps).
     """
 
     step: Any
@@ -60,7 +60,8 @@ def runnable(workload: Workload, batch: int, predict: bool = False) -> Runnable:
 
         optimized = optimize(step, workload.budget_mb, input_signature=specs, sample_inputs=inputs,
                              safety_margin=workload.safety_margin)
-        return Runnable(optimized, inputs, optimized.plan.predicted_peak_after_bytes, len(optimized.plan.decisions))
+        plan = optimized.plan
+        return Runnable(optimized, inputs, plan.predicted_peak_after_bytes, len(plan.decisions) + len(plan.loop_swaps))
     predicted = None
     if predict:
         from seqmem.runtime.step_analysis import predicted_peak_bytes

@@ -24,7 +24,6 @@ forward loop output feeds only one gradient loop, which only pops from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -32,28 +31,13 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, n
 
 from seqmem.edge import library
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.swap.plan import LoopSwap
 
-__all__ = ["LoopSwap", "loop_accumulators", "swap_loop_accumulators"]
+__all__ = ["loop_accumulators", "swap_loop_accumulators"]
 
 _FLOAT_TYPES = frozenset({tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum,
                           tf.float64.as_datatype_enum})
 _SUFFIX = "_seqmem_swapped"
-
-
-@dataclass(frozen=True)
-class LoopSwap:
-    """One accumulator to swap: its `EmptyTensorList` node, the forward and gradient loops (node names)
-    and the loop-variable index in each; the element's dtype, static shape (None where unknown: a
-    dimension, or the whole shape) and bytes per iteration (None when the shape is not fully known)."""
-
-    accumulator: str
-    forward_loop: str
-    forward_index: int
-    gradient_loop: str
-    gradient_index: int
-    dtype: str
-    element_shape: tuple[int | None, ...] | None
-    element_bytes: int | None
 
 
 def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:

@@ -76,7 +76,9 @@ def optimize(
     loop_parallel_iterations: every while loop of the step (Keras RNNs, tfa
     decoders, their gradient loops) runs at most this many iterations at once
     (`seqmem.edge.loops`): at 1 a loop's memory no longer depends on how far
-    ahead the executor runs it. None keeps the loops as traced.
+    ahead the executor runs it. None keeps the loops as traced. With loops
+    bounded, on the emulated device, the plan may also swap what a loop saves
+    for its gradient, element by element (`seqmem.edge.loop_swap`).
     Raises ValueError for a budget that is not a positive finite number, a
     margin outside [0, 1) or a loop bound that is not a positive int,
     TypeError for another target, InfeasibleBudgetError when no swap set fits
@@ -92,8 +94,10 @@ def optimize(
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
         plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine,
-                          min_swap_bytes=min_swap_bytes)
-        plan = dataclasses.replace(plan, loop_parallel_iterations=_loop_bound(analysis, loop_parallel_iterations))
+                          min_swap_bytes=min_swap_bytes,
+                          loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
+        plan = dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations
+                                   or _loop_bound(analysis, loop_parallel_iterations))
         return build_step(analysis, plan, backend)
     if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
         raise TypeError(
@@ -108,7 +112,8 @@ def optimize(
     planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
                        pinned=pin_order and bool(analysis.pinned_order),
-                       loop_parallel_iterations=loop_parallel_iterations)
+                       loop_parallel_iterations=loop_parallel_iterations,
+                       loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
     try:
         plan = planner.plan(target_bytes)
     except InfeasibleBudgetError:
@@ -130,6 +135,13 @@ def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> O
     return parallel_iterations
 
 
+def _loop_swap_depth(backend: SwapBackend, parallel_iterations: Optional[int]) -> Optional[int]:
+    """How many iterations' elements of a swapped loop accumulator may be on the device at once: the loop
+    bound; None (no loop swaps) for loops left as traced, and off the emulated device, where the rewrite
+    (`seqmem.edge.loop_swap`) has not been verified."""
+    return parallel_iterations if isinstance(backend, EmulatedDeviceBackend) else None
+
+
 def _default_backend() -> SwapBackend:
     if tf.config.list_logical_devices("GPU"):
         return HostDeviceBackend("/device:CPU:0", "/device:GPU:0")
@@ -144,14 +156,15 @@ class _Planner:
     pinned: a step that does not fit as it is gets pinned, to its schedule or to its own order,
     where a pinned plan fits.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
+    loop_swap_depth: `plan_swaps`' (None: no loop swaps).
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
                  arena_bytes: Optional[int], measurable: bool, pinned: bool,
-                 loop_parallel_iterations: Optional[int]) -> None:
+                 loop_parallel_iterations: Optional[int], loop_swap_depth: Optional[int]) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
         self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
-        self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes}
+        self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes, "loop_swap_depth": loop_swap_depth}
         self._arena_bytes, self._measurable = arena_bytes, measurable
         # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
         self._orders = {"as it is": (analysis, False)}
@@ -175,7 +188,7 @@ class _Planner:
             # checks on the device itself. Plan without it from here on.
             self._arena_bytes = None
             plan = self._plan(target_bytes)
-        return dataclasses.replace(plan, loop_parallel_iterations=self._loop_bound)
+        return dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations or self._loop_bound)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
         """As it is when the step fits so; otherwise the first plan that fits of: each pinned order, lowest

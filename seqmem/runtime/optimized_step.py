@@ -13,6 +13,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SwapBackend, rewrite
@@ -39,7 +40,8 @@ class OptimizedStep:
         self.original = original
         self._run = None
         if function is not None:
-            unchanged = not plan.decisions and not plan.pinned_order and plan.loop_parallel_iterations is None
+            unchanged = (not plan.decisions and not plan.loop_swaps and not plan.pinned_order
+                         and plan.loop_parallel_iterations is None)
             self._run = original if unchanged else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
@@ -64,6 +66,8 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
     tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise."""
     graph_def = capture.to_graph_def(rewrite(analysis.graph, plan, backend))
+    if plan.loop_swaps:
+        graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:
         graph_def = bound_loops(graph_def, plan.loop_parallel_iterations)
     return OptimizedStep(analysis, plan, graph_def, function, original)

@@ -12,8 +12,11 @@ from seqmem.analysis import StepAnalysis, analyze_graph
 from seqmem.critical_path import MachineModel
 from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
-from seqmem.ir.graph import TensorRef
+from seqmem.edge.loop_swap import loop_accumulators
+from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.sim.simulator import simulate
+from seqmem.swap.plan import LoopSwap
 
 __all__ = ["analyze_function", "inter_op_threads", "predicted_peak_bytes"]
 
@@ -30,6 +33,7 @@ def analyze_function(
 
     op_time_s: measured seconds per node (from `edge.op_trace.trace_op_times`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.
+    The analysis lists the loop accumulators a plan may swap (`seqmem.edge.loop_swap`).
     """
     with gc_paused():  # capture builds many objects around a large graph
         graph = capture.from_tf(function)
@@ -39,7 +43,13 @@ def analyze_function(
 
         measured = measure_scratch_bytes(graph)
     return analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
-                         inter_op_threads=inter_op_threads())
+                         inter_op_threads=inter_op_threads(), loop_swaps=_loop_accumulators(graph))
+
+
+def _loop_accumulators(graph: Graph) -> list[LoopSwap]:
+    if not any(node.op in FUNCTIONAL_LOOP_OPS for node in graph.nodes.values()):
+        return []
+    return loop_accumulators(capture.to_graph_def(graph))
 
 
 def inter_op_threads() -> int:

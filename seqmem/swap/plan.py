@@ -1,8 +1,9 @@
 """The swap plan: what `seqmem.optimize` decided, as plain data.
 
 A `SwapPlan` lists every swapped tensor with its size, the backward nodes that
-read it back, and the trigger node after which it is brought back; the budget;
-the predicted peak before and after; what was skipped and why. The rewriter
+read it back, and the trigger node after which it is brought back; every loop
+accumulator swapped element by element (`LoopSwap`); the budget; the predicted
+peak before and after; what was skipped and why. The rewriter
 takes only a graph and a plan; reports read the plan. `to_json`/`from_json`
 round-trip it.
 """
@@ -15,8 +16,7 @@ from dataclasses import asdict, dataclass, field
 from seqmem.ir.graph import TensorRef
 from seqmem.units import MIB
 
-__all__ = ["SkippedCandidate", "SwapDecision", "SwapPlan"]
-
+__all__ = ["LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,32 @@ class SwapDecision:
     consumers: tuple[str, ...]
     trigger: str
     transfer_s: float
+
+
+@dataclass(frozen=True)
+class LoopSwap:
+    """A loop accumulator (TensorList) whose elements go to host memory one per iteration
+    (`seqmem.edge.loop_swap`).
+
+    accumulator: its `EmptyTensorList` node; forward_loop/gradient_loop: the While nodes that fill and
+    empty it, forward_index/gradient_index: its loop-variable index in each. dtype, element_shape (None
+    where unknown: a dimension, or the whole shape) and element_bytes (None unless the shape is fully
+    known): one element, i.e. what one iteration saves.
+    """
+
+    accumulator: str
+    forward_loop: str
+    forward_index: int
+    gradient_loop: str
+    gradient_index: int
+    dtype: str
+    element_shape: tuple[int | None, ...] | None
+    element_bytes: int | None
+
+    @property
+    def tensor(self) -> TensorRef:
+        """The full list, as the forward loop outputs it and the gradient loop reads it."""
+        return TensorRef(self.forward_loop, self.forward_index)
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,9 @@ class SwapPlan:
     swap nodes aside; empty when it is not pinned.
     loop_parallel_iterations: the most iterations any while loop of the step
     runs at once (`seqmem.edge.loops`); None: loops as traced.
+    loop_swaps: loop accumulators swapped element by element; each loop then
+    holds at most `loop_parallel_iterations` of their elements on the device.
+    loop_swapped_bytes: the device bytes their full lists held.
     """
 
     budget_bytes: int
@@ -72,6 +101,8 @@ class SwapPlan:
     measured_peak_bytes: int | None = None
     pinned_order: tuple[str, ...] = ()
     loop_parallel_iterations: int | None = None
+    loop_swaps: tuple[LoopSwap, ...] = ()
+    loop_swapped_bytes: int = 0
 
     @property
     def feasible(self) -> bool:
@@ -89,6 +120,11 @@ class SwapPlan:
             f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / MIB:.1f} MB), "
             f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
         ]
+        if self.loop_swaps:
+            loops = len({swap.forward_loop for swap in self.loop_swaps})
+            lines.append(f"{len(self.loop_swaps)} loop accumulators of {loops} loop(s) swapped element by element "
+                         f"({self.loop_swapped_bytes / MIB:.1f} MB; prefetch depth "
+                         f"{self.loop_parallel_iterations} iteration(s))")
         if self.pinned_order:
             lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.swap.pin)")
         if self.loop_parallel_iterations is not None:
@@ -101,6 +137,17 @@ class SwapPlan:
             lines.append(f"{'MB':>8}  {'transfer ms':>11}  tensor -> trigger")
             for d in self.decisions:
                 lines.append(f"{d.size_bytes / MIB:8.2f}  {1e3 * d.transfer_s:11.3f}  {d.tensor} -> {d.trigger}")
+        loops: dict[tuple[str, str], list[LoopSwap]] = {}
+        for swap in self.loop_swaps:
+            loops.setdefault((swap.forward_loop, swap.gradient_loop), []).append(swap)
+        for (forward, gradient), swaps in loops.items():
+            lines.append(f"loop {forward} -> gradient loop {gradient}:")
+            lines.append(f"{'KB/step':>8}  {'element':>16}  accumulator")
+            for swap in swaps:
+                shape = "?" if swap.element_shape is None else "x".join("?" if d is None else str(d)
+                                                                        for d in swap.element_shape)
+                lines.append(f"{(swap.element_bytes or 0) / 1024:8.1f}  {swap.dtype + '[' + shape + ']':>16}  "
+                             f"{swap.accumulator}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -117,5 +164,9 @@ class SwapPlan:
             for d in data.pop("decisions")
         )
         skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
+        loop_swaps = tuple(
+            LoopSwap(**{**s, "element_shape": None if s["element_shape"] is None else tuple(s["element_shape"])})
+            for s in data.pop("loop_swaps", ())
+        )
         return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ()))},
-                   decisions=decisions, skipped=skipped)
+                   decisions=decisions, skipped=skipped, loop_swaps=loop_swaps)

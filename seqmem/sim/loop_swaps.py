@@ -1,0 +1,51 @@
+"""How the simulator sees loop accumulators swapped to host (`seqmem.edge.loop_swap`).
+
+The simulator treats a while loop as one node. A swapped accumulator's list
+holds one serialized host buffer per iteration; on the device each element is a
+scalar string, one allocator chunk (`SERIALIZED_ELEMENT_BYTES`; measured: 258-284
+bytes per element on the emulated device). While a loop runs, up to `depth`
+iterations' elements of its swapped lists are on the device at once (the
+forward loop's before they are serialized, the gradient loop's once parsed):
+charged to both loops as scratch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from seqmem.ir.graph import Graph
+from seqmem.swap.plan import LoopSwap
+
+__all__ = ["SERIALIZED_ELEMENT_BYTES", "iterations", "with_loop_swaps"]
+
+SERIALIZED_ELEMENT_BYTES = 256  # the BFC allocator's smallest chunk, holding one scalar string
+
+
+def iterations(graph: Graph, swap: LoopSwap) -> int:
+    """Elements the full list holds: its bytes over one element's."""
+    return graph.tensor(swap.tensor).size_bytes // swap.element_bytes
+
+
+def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Sequence[LoopSwap],
+                    depth: int) -> tuple[Graph, dict[str, int]]:
+    """`graph` with each swapped list sized as its host buffers' device handles, and `scratch_bytes` with
+    each loop charged `depth` iterations' elements of its swapped lists.
+    Raises ValueError for a swap whose list or element size is unknown."""
+    unsized = [swap.accumulator for swap in swaps if not swap.element_bytes or not graph.tensor(swap.tensor).size_bytes]
+    if unsized:
+        raise ValueError(f"loop accumulators of unknown size cannot be planned: {unsized}")
+    resized: dict[str, dict[int, int]] = {}
+    scratch = dict(scratch_bytes)
+    for swap in swaps:
+        resized.setdefault(swap.forward_loop, {})[swap.forward_index] = iterations(graph, swap) * SERIALIZED_ELEMENT_BYTES
+        for loop in (swap.forward_loop, swap.gradient_loop):
+            scratch[loop] = scratch.get(loop, 0) + depth * swap.element_bytes
+    nodes = []
+    for name, node in graph.nodes.items():
+        if name in resized:
+            outputs = tuple(dataclasses.replace(info, size_bytes=resized[name][i]) if i in resized[name] else info
+                            for i, info in enumerate(node.outputs))
+            node = dataclasses.replace(node, outputs=outputs)
+        nodes.append(node)
+    return graph.replace(nodes=nodes), scratch
