@@ -16,6 +16,8 @@ __all__ = [
     "InfeasibleBudgetError",
     "MachineModel",
     "MemoryEfficientBahdanauAttention",
+    "MemoryEfficientGRU",
+    "MemoryEfficientLSTM",
     "OptimizedStep",
     "Profile",
     "StepAnatomy",
@@ -45,6 +47,8 @@ _HOME = {
     "OptimizedStep": "seqmem.runtime.optimized_step",
     "optimize": "seqmem.runtime.optimize",
     "MemoryEfficientBahdanauAttention": "seqmem.attention",
+    "MemoryEfficientLSTM": "seqmem.recurrent",
+    "MemoryEfficientGRU": "seqmem.recurrent",
 }
 _MODULES = {"device": "seqmem.runtime.device", "keras": "seqmem.runtime.keras"}
 

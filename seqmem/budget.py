@@ -41,7 +41,7 @@ from seqmem.swap.plan import LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
 
-__all__ = ["Baseline", "plan_swaps", "simulate_baseline", "swap_events"]
+__all__ = ["Baseline", "loop_swapped", "plan_swaps", "simulate_baseline", "swap_events"]
 
 _MAX_ROUNDS = 64
 
@@ -249,6 +249,13 @@ def plan_swaps(
     return plan
 
 
+def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) -> StepAnalysis:
+    """The analysis of the step with `swaps` made and loops bounded to `depth` iterations, as the simulator
+    sees it (`seqmem.sim.loop_swaps`)."""
+    graph, scratch = with_loop_swaps(analysis.graph, analysis.scratch_bytes, swaps, depth)
+    return dataclasses.replace(analysis, graph=graph, scratch_bytes=scratch)
+
+
 def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes: int, depth: int, allocator: str,
                        arena_bytes: Optional[int]) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
     """The loop swaps to make (whole forward loops, longest-lived first, each kept when it lowers the
@@ -264,8 +271,7 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     for loop in sorted(by_loop, key=lambda name: (-distance.get(name, 0.0), position[name])):
         if current_baseline.fits(target_bytes):
             break
-        graph, scratch = with_loop_swaps(analysis.graph, analysis.scratch_bytes, chosen + by_loop[loop], depth)
-        trial = dataclasses.replace(analysis, graph=graph, scratch_bytes=scratch)
+        trial = loop_swapped(analysis, chosen + by_loop[loop], depth)
         trial_baseline = simulate_baseline(trial, allocator=allocator, arena_bytes=arena_bytes)
         if trial_baseline.trace.peak_bytes < current_baseline.trace.peak_bytes:
             chosen += by_loop[loop]

@@ -62,3 +62,36 @@ def test_loop_swaps_fit_a_budget_the_bounded_step_exceeds():
     assert plan.predicted_peak_before_bytes > budget_mb * MIB and not plan.decisions, values  # loop swaps alone
     assert plan.loop_swapped_bytes > 20 * MIB and measured <= budget_mb * MIB, values
     assert abs(plan.predicted_peak_after_bytes - measured) <= 0.1 * measured, values
+
+
+def test_memory_efficient_lstm_loops_are_swapped_and_train_bit_identically():
+    from seqmem.recurrent import MemoryEfficientLSTM
+
+    tf.config.experimental.enable_op_determinism()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32), MemoryEfficientLSTM(64, return_sequences=True),
+                                 MemoryEfficientLSTM(64, return_sequences=True), tf.keras.layers.Dense(50)])
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    tokens = tf.random.stateless_uniform([16, 40], seed=[1, 2], maxval=50, dtype=tf.int32)
+    model(tokens)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            logits = model(x)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(x, logits, from_logits=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    specs = [tf.TensorSpec(tokens.shape, tokens.dtype)]
+    before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
+    optimized = optimize(step, 0.8 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
+    assert len({swap.forward_loop for swap in optimized.plan.loop_swaps}) == 2  # one loop per layer
+    start = [v.numpy() for v in model.variables]
+    results = []
+    for run in (step, optimized):
+        for variable, value in zip(model.variables, start):
+            variable.assign(value)
+        results.append(([float(run(tokens)) for _ in range(2)], [v.numpy() for v in model.variables]))
+    assert results[0][0] == results[1][0]
+    assert all(np.array_equal(a, b) for a, b in zip(results[0][1], results[1][1]))

@@ -1,0 +1,146 @@
+"""Memory-efficient LSTM and GRU layers: each step's gates are recomputed in backward instead of stored.
+
+Autodiff through `tf.keras.layers.LSTM` keeps, for every time step, what the
+gradient of each op needs: the gate pre-activations, the four gates, the cell
+state and its tanh (about nine [batch, units] tensors a step; the GRU keeps
+about seven). Here a step is one `tf.custom_gradient` function of
+(input, states) whose backward runs the step again under a tape, so the loop
+keeps only the step's input and incoming states: the memory-efficient
+recurrent layer of Meng et al.'s Table 2(a), after Gruslys et al. 2016
+(memory-efficient backpropagation through time), at the cost of one more
+forward step per step. The recomputation waits for the step's incoming
+gradient (a control edge), so a gradient loop running iterations ahead does not
+recompute many steps at once.
+
+`MemoryEfficientLSTM` and `MemoryEfficientGRU` subclass Keras' layers and change
+only the cell's differentiation: constructor, config, variables (names and
+shapes) and outputs are Keras', so a checkpoint written with one loads into the
+other. The loop always runs the cell step by step (Keras' generic RNN loop, not
+its fused `standard_lstm`/cuDNN function), which seqmem's loop rewrites can see.
+Dropout and recurrent dropout are not supported (their masks would have to be
+replayed in backward): a nonzero rate is a ValueError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+__all__ = ["MemoryEfficientGRU", "MemoryEfficientGRUCell", "MemoryEfficientLSTM", "MemoryEfficientLSTMCell"]
+
+
+def _recomputed(step: Callable[..., Sequence[tf.Tensor]], *inputs: tf.Tensor) -> list[tf.Tensor]:
+    """`step(*inputs)`, differentiated by running `step` again in backward (its intermediates not kept).
+    `step` must read no variable: pass their values among `inputs`."""
+
+    @tf.custom_gradient
+    def run(*args):
+        outputs = list(step(*args))
+
+        def grad(*output_gradients):
+            with tf.control_dependencies(output_gradients):  # recompute when this step's gradient arrives
+                again_inputs = [tf.identity(arg) for arg in args]
+            with tf.GradientTape() as tape:
+                tape.watch(again_inputs)
+                again = step(*again_inputs)
+            return tape.gradient(again, again_inputs, output_gradients=list(output_gradients),
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+        return outputs, grad
+
+    return run(*inputs)
+
+
+_WEIGHTS = ("kernel", "recurrent_kernel", "bias")
+
+
+def _weight_values(cell: tf.keras.layers.Layer) -> dict[str, tf.Tensor]:
+    """The cell's weights read as tensors (in the loop body, where the step runs), by attribute name."""
+    return {name: tf.convert_to_tensor(getattr(cell, name)) for name in _WEIGHTS if getattr(cell, name) is not None}
+
+
+@contextlib.contextmanager
+def _weights_as(cell: tf.keras.layers.Layer, values: dict[str, tf.Tensor]):
+    """Within the block, the cell's step reads `values` instead of its variables (the attributes are set in
+    the instance dict directly, past Keras' tracking, and restored on exit)."""
+    saved = {name: cell.__dict__[name] for name in values}
+    try:
+        cell.__dict__.update(values)
+        yield
+    finally:
+        cell.__dict__.update(saved)
+
+
+def _check_no_dropout(cell: tf.keras.layers.Layer, layer: str) -> None:
+    if cell.dropout or cell.recurrent_dropout:
+        raise ValueError(
+            f"{layer} does not support dropout (got dropout={cell.dropout}, recurrent_dropout="
+            f"{cell.recurrent_dropout}): its backward pass recomputes each step and would need the same masks. "
+            f"Apply tf.keras.layers.Dropout to the layer's inputs or outputs instead."
+        )
+
+
+class MemoryEfficientLSTMCell(tf.keras.layers.LSTMCell):
+    """`tf.keras.layers.LSTMCell` whose step is recomputed in backward (see the module docstring)."""
+
+    def __init__(self, units: int, **kwargs) -> None:
+        super().__init__(units, **kwargs)
+        _check_no_dropout(self, type(self).__name__)
+
+    def call(self, inputs, states, training=None):
+        lstm_step, weights = super().call, _weight_values(self)
+
+        def step(x, h, c, *values):
+            with _weights_as(self, dict(zip(weights, values))):
+                return lstm_step(x, [h, c], training=training)[1]
+
+        h, c = _recomputed(step, inputs, states[0], states[1], *weights.values())
+        return h, [h, c]
+
+
+class MemoryEfficientGRUCell(tf.keras.layers.GRUCell):
+    """`tf.keras.layers.GRUCell` whose step is recomputed in backward (see the module docstring)."""
+
+    def __init__(self, units: int, **kwargs) -> None:
+        super().__init__(units, **kwargs)
+        _check_no_dropout(self, type(self).__name__)
+
+    def call(self, inputs, states, training=None):
+        gru_step, weights = super().call, _weight_values(self)
+        nested = tf.nest.is_nested(states)
+
+        def step(x, h, *values):
+            with _weights_as(self, dict(zip(weights, values))):
+                return [gru_step(x, [h] if nested else h, training=training)[0]]
+
+        (h,) = _recomputed(step, inputs, states[0] if nested else states, *weights.values())
+        return h, ([h] if nested else h)
+
+
+def _with_cell(layer: tf.keras.layers.RNN, cell_class: type) -> None:
+    """Replace `layer`'s cell by `cell_class` with the same config, and run it step by step."""
+    _check_no_dropout(layer.cell, type(layer).__name__)
+    config = layer.cell.get_config()
+    del layer.cell  # untracked, so the layer's weights are the new cell's alone
+    layer.cell = cell_class.from_config(config)
+    layer._could_use_gpu_kernel = False  # Keras' generic loop calls the cell; the fused kernels would not
+
+
+class MemoryEfficientLSTM(tf.keras.layers.LSTM):
+    """Drop-in for `tf.keras.layers.LSTM` (same arguments, weights and outputs) that recomputes each step's
+    gates in backward instead of storing them. Raises ValueError for nonzero dropout rates."""
+
+    def __init__(self, units: int, **kwargs) -> None:
+        super().__init__(units, **kwargs)
+        _with_cell(self, MemoryEfficientLSTMCell)
+
+
+class MemoryEfficientGRU(tf.keras.layers.GRU):
+    """Drop-in for `tf.keras.layers.GRU` (same arguments, weights and outputs) that recomputes each step's
+    gates in backward instead of storing them. Raises ValueError for nonzero dropout rates."""
+
+    def __init__(self, units: int, **kwargs) -> None:
+        super().__init__(units, **kwargs)
+        _with_cell(self, MemoryEfficientGRUCell)

@@ -1,0 +1,102 @@
+"""seqmem.recurrent: drop-in LSTM/GRU layers that recompute each step's gates in backward."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_addons as tfa
+
+from seqmem.edge.loop_swap import loop_accumulators
+from seqmem.recurrent import MemoryEfficientGRU, MemoryEfficientGRUCell, MemoryEfficientLSTM, MemoryEfficientLSTMCell
+
+PAIRS = [(tf.keras.layers.LSTM, MemoryEfficientLSTM), (tf.keras.layers.GRU, MemoryEfficientGRU)]
+
+
+def _outputs_and_gradients(layer, inputs):
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        outputs = layer(inputs)
+        loss = tf.reduce_sum(outputs[0] * tf.range(1.0, 1.0 + outputs[0].shape[-1]))
+    return [o.numpy() for o in outputs], [g.numpy() for g in tape.gradient(loss, [inputs, *layer.trainable_variables])]
+
+
+@pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
+def test_same_weights_outputs_and_gradients_as_keras(keras_class, efficient_class):
+    inputs = tf.random.stateless_normal([3, 7, 5], seed=[1, 2])
+    results = []
+    for cls in (keras_class, efficient_class):
+        tf.keras.utils.set_random_seed(0)
+        layer = cls(4, return_sequences=True, return_state=True, name="rnn")
+        results.append((layer, *_outputs_and_gradients(layer, inputs)))
+    (keras_layer, outputs, gradients), (layer, efficient_outputs, efficient_gradients) = results
+    assert [v.name for v in layer.weights] == [v.name for v in keras_layer.weights]
+    assert [v.shape for v in layer.weights] == [v.shape for v in keras_layer.weights]
+    for a, b in zip(outputs + gradients, efficient_outputs + efficient_gradients):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)  # the same maths, fused or step by step
+
+
+@pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
+def test_checkpoints_load_either_way_and_config_round_trips(keras_class, efficient_class, tmp_path):
+    inputs = tf.random.stateless_normal([2, 4, 3], seed=[3, 4])
+    keras_layer, layer = keras_class(5), efficient_class(5)
+    keras_layer(inputs), layer(inputs)
+    path = tf.train.Checkpoint(layer=keras_layer).write(str(tmp_path / "keras"))
+    tf.train.Checkpoint(layer=layer).read(path).assert_consumed()
+    np.testing.assert_allclose(layer(inputs), keras_layer(inputs), rtol=1e-6, atol=1e-6)
+    copy = efficient_class.from_config(layer.get_config())
+    assert type(copy) is efficient_class and type(copy.cell).__name__.startswith("MemoryEfficient")
+
+
+@pytest.mark.parametrize("efficient_class", [MemoryEfficientLSTM, MemoryEfficientGRU, MemoryEfficientLSTMCell])
+def test_dropout_is_refused_with_a_clear_error(efficient_class):
+    with pytest.raises(ValueError, match="does not support dropout.*Dropout to the layer's inputs"):
+        efficient_class(4, dropout=0.1)
+    with pytest.raises(ValueError, match="recurrent_dropout=0.2"):
+        efficient_class(4, recurrent_dropout=0.2)
+
+
+def _saved_bytes_per_step(layer_class, units=16, batch=4):
+    """Bytes the layer's loop saves per time step for its gradient (float TensorList accumulators)."""
+    tf.keras.utils.set_random_seed(0)
+    layer = layer_class(units)
+    inputs = tf.random.stateless_normal([batch, 6, 8], seed=[5, 6])
+    layer(inputs)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    graph_def = step.get_concrete_function(inputs).graph.as_graph_def()
+    return sum(swap.element_bytes for swap in loop_accumulators(graph_def))
+
+
+@pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
+def test_the_loop_saves_less_per_step(keras_class, efficient_class):
+    class StepByStep(keras_class):  # Keras' own cell in the same generic loop: only the differentiation differs
+        def __init__(self, units):
+            super().__init__(units)
+            self._could_use_gpu_kernel = False
+
+    keras_bytes, efficient_bytes = _saved_bytes_per_step(StepByStep), _saved_bytes_per_step(efficient_class)
+    assert 0 < efficient_bytes <= keras_bytes / 2, (keras_bytes, efficient_bytes)
+
+
+@pytest.mark.parametrize("keras_cell, efficient_cell", [(tf.keras.layers.LSTMCell, MemoryEfficientLSTMCell),
+                                                        (tf.keras.layers.GRUCell, MemoryEfficientGRUCell)])
+def test_a_tfa_attention_wrapper_around_the_cell_gives_the_same_gradients(keras_cell, efficient_cell):
+    memory = tf.random.stateless_normal([2, 5, 6], seed=[7, 8])
+    targets = tf.random.stateless_normal([2, 4, 3], seed=[9, 10])
+    results = []
+    for cell_class in (keras_cell, efficient_cell):
+        tf.keras.utils.set_random_seed(0)
+        mechanism = tfa.seq2seq.BahdanauAttention(6, memory=memory)
+        cell = tfa.seq2seq.AttentionWrapper(cell_class(6), mechanism, attention_layer_size=6)
+        layer = tf.keras.layers.RNN(cell, return_sequences=True)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(targets) ** 2)
+        # the memory layer ran before the tape: its gradient is zero for both
+        gradients = tape.gradient(loss, layer.trainable_variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        results.append([loss.numpy()] + [g.numpy() for g in gradients])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
