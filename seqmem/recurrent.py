@@ -8,8 +8,9 @@ about seven). Here a step is one `tf.custom_gradient` function of
 keeps only the step's input and incoming states: the memory-efficient
 recurrent layer of Meng et al.'s Table 2(a), after Gruslys et al. 2016
 (memory-efficient backpropagation through time), at the cost of one more
-forward step per step. The recomputation waits for the step's incoming
-gradient (a control edge), so a gradient loop running iterations ahead does not
+forward step per step. The layers' forward loops run one iteration at a time
+(Keras' run up to 32 at once), and each recomputation waits for the step's
+incoming gradient (a control edge), so a gradient loop running ahead does not
 recompute many steps at once.
 
 `MemoryEfficientLSTM` and `MemoryEfficientGRU` subclass Keras' layers and change
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 __all__ = ["MemoryEfficientGRU", "MemoryEfficientGRUCell", "MemoryEfficientLSTM", "MemoryEfficientLSTMCell"]
 
@@ -119,6 +122,24 @@ class MemoryEfficientGRUCell(tf.keras.layers.GRUCell):
         return h, ([h] if nested else h)
 
 
+def _one_iteration_at_a_time(call: Callable[[], Any]) -> Any:
+    """`call()`, with every while loop it builds in a graph bounded to one iteration at a time.
+
+    Keras' loop runs up to 32 iterations at once (`parallel_iterations` has no Keras argument, so the
+    attribute is set on the new While ops). A gradient loop built by `tf.GradientTape` keeps the value the
+    tape recorded, 32; `seqmem.optimize` bounds it too (`seqmem.edge.loops`).
+    """
+    if tf.executing_eagerly():
+        return call()
+    graph = tf.compat.v1.get_default_graph()
+    known = len(graph.get_operations())
+    result = call()
+    for op in graph.get_operations()[known:]:
+        if op.type in ("While", "StatelessWhile"):
+            op._set_attr("parallel_iterations", attr_value_pb2.AttrValue(i=1))
+    return result
+
+
 def _with_cell(layer: tf.keras.layers.RNN, cell_class: type) -> None:
     """Replace `layer`'s cell by `cell_class` with the same config, and run it step by step."""
     _check_no_dropout(layer.cell, type(layer).__name__)
@@ -136,6 +157,10 @@ class MemoryEfficientLSTM(tf.keras.layers.LSTM):
         super().__init__(units, **kwargs)
         _with_cell(self, MemoryEfficientLSTMCell)
 
+    def call(self, inputs, mask=None, training=None, initial_state=None):
+        return _one_iteration_at_a_time(lambda: super(MemoryEfficientLSTM, self).call(
+            inputs, mask=mask, training=training, initial_state=initial_state))
+
 
 class MemoryEfficientGRU(tf.keras.layers.GRU):
     """Drop-in for `tf.keras.layers.GRU` (same arguments, weights and outputs) that recomputes each step's
@@ -144,3 +169,7 @@ class MemoryEfficientGRU(tf.keras.layers.GRU):
     def __init__(self, units: int, **kwargs) -> None:
         super().__init__(units, **kwargs)
         _with_cell(self, MemoryEfficientGRUCell)
+
+    def call(self, inputs, mask=None, training=None, initial_state=None):
+        return _one_iteration_at_a_time(lambda: super(MemoryEfficientGRU, self).call(
+            inputs, mask=mask, training=training, initial_state=initial_state))

@@ -55,7 +55,8 @@ def test_dropout_is_refused_with_a_clear_error(efficient_class):
 
 
 def _saved_bytes_per_step(layer_class, units=16, batch=4):
-    """Bytes the layer's loop saves per time step for its gradient (float TensorList accumulators)."""
+    """Bytes the layer's loop saves per time step for its gradient (float TensorList accumulators), and the
+    `parallel_iterations` of the step's forward loops."""
     tf.keras.utils.set_random_seed(0)
     layer = layer_class(units)
     inputs = tf.random.stateless_normal([batch, 6, 8], seed=[5, 6])
@@ -68,18 +69,21 @@ def _saved_bytes_per_step(layer_class, units=16, batch=4):
         return tape.gradient(loss, layer.trainable_variables)
 
     graph_def = step.get_concrete_function(inputs).graph.as_graph_def()
-    return sum(swap.element_bytes for swap in loop_accumulators(graph_def))
+    loops = {node.attr["parallel_iterations"].i for node in graph_def.node
+             if node.op in ("While", "StatelessWhile") and not node.name.startswith("gradient_tape/")}
+    return sum(swap.element_bytes for swap in loop_accumulators(graph_def)), loops
 
 
 @pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
-def test_the_loop_saves_less_per_step(keras_class, efficient_class):
+def test_the_loop_saves_less_per_step_and_runs_forward_one_iteration_at_a_time(keras_class, efficient_class):
     class StepByStep(keras_class):  # Keras' own cell in the same generic loop: only the differentiation differs
         def __init__(self, units):
             super().__init__(units)
             self._could_use_gpu_kernel = False
 
-    keras_bytes, efficient_bytes = _saved_bytes_per_step(StepByStep), _saved_bytes_per_step(efficient_class)
+    (keras_bytes, keras_loops), (efficient_bytes, loops) = map(_saved_bytes_per_step, (StepByStep, efficient_class))
     assert 0 < efficient_bytes <= keras_bytes / 2, (keras_bytes, efficient_bytes)
+    assert keras_loops == {32} and loops == {1}
 
 
 @pytest.mark.parametrize("keras_cell, efficient_cell", [(tf.keras.layers.LSTMCell, MemoryEfficientLSTMCell),

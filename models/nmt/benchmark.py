@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from seqmem.bench.batch_search import extrapolated_batch, largest_batch
-from seqmem.bench.report import EXECUTORS, ratio, search_settings, value_or_verdict
-from seqmem.bench.workload import Workload, trains
+from seqmem.bench.batch_search import largest_batch
+from seqmem.bench.report import EXECUTORS, batch_chart, ratio, search_settings, value_or_verdict
+from seqmem.bench.workload import Workload, predicted_batch, trains
 from seqmem.bench.workload import measure as measure_workload
-from seqmem.files import save_figure, write_json
+from seqmem.files import write_json
 from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
 
@@ -63,18 +63,6 @@ def workload(variant: str, time_steps: int, units: int, vocab: int, budget_mb: i
     attention, swapping = VARIANTS[variant]
     options = (("time_steps", time_steps), ("units", units), ("vocab", vocab), ("attention", attention))
     return Workload(training_step, options, optimized=swapping, budget_mb=budget_mb)
-
-
-def predicted_base_batch(time_steps: int, units: int, vocab: int, budget_mb: int) -> int:
-    """Child process: the batch at which seqmem predicts the base step's peak reaches the budget
-    (peaks at batch 1 and 2, extrapolated linearly): where the search for B_base starts."""
-    from seqmem.runtime.step_analysis import predicted_peak_bytes
-
-    peaks = []
-    for batch in (1, 2):
-        step, _, specs = training_step(batch, time_steps, units, vocab)
-        peaks.append(predicted_peak_bytes(step.get_concrete_function(*specs)))
-    return extrapolated_batch(peaks[0], peaks[1], budget_mb * MIB)
 
 
 def measure(variant: str, batch: int, time_steps: int, units: int, vocab: int, budget_mb: int) -> dict[str, Any]:
@@ -130,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         for steps in time_steps:
             row: dict[str, Any] = {"time_steps": steps, "batch": {}, "notes": {}, "at_base": {}}
-            guess = run_with_budget(bench.predicted_base_batch, steps, *model, args.budget_mb,
-                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)
+            guess = run_with_budget(predicted_batch, bench.workload("base", steps, *model, args.budget_mb),
+                                    args.budget_mb, budget_mb=args.budget_mb, timeout_s=args.timeout_s,
+                                    one_stream=one_stream)
             progress.update(1)
 
             def search(variant, start):
@@ -201,22 +190,12 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _plot(report: dict[str, Any], path: str) -> str:
-    """PNG of the largest batch vs T for each variant (log scale); appears whole or not at all."""
-    import matplotlib
+    """PNG of the largest batch vs T for each variant."""
+    rows = report["rows"]
+    return batch_chart(path, "time steps T (source and target)", [row["time_steps"] for row in rows],
+                       {variant: [row["batch"][variant] for row in rows] for variant in (rows[0]["batch"] if rows else ())},
+                       f"NMT under {report['args']['budget_mb']} MB (emulated device, measured)")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    steps = [row["time_steps"] for row in report["rows"]]
-    for variant in report["rows"][0]["batch"] if report["rows"] else ():
-        axes.plot(steps, [max(row["batch"][variant], 0.5) for row in report["rows"]], marker="o", label=variant)
-    axes.set_yscale("log")
-    axes.set_xlabel("time steps T (source and target)")
-    axes.set_ylabel("largest batch that trains")
-    axes.set_title(f"NMT under {report['args']['budget_mb']} MB (emulated device, measured)")
-    axes.legend()
-    figure.tight_layout()
-    return save_figure(figure, path)
 if __name__ == "__main__":
     sys.exit(main())

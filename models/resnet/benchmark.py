@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
     parser.add_argument("--executor", choices=EXECUTORS, default="one-stream", help="the emulated device's executor")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes a batch must train in to count as fitting")
+    parser.add_argument("--batches-only", action="store_true",
+                        help="Table 1(a)'s batches alone: no peaks and throughput at B_base and B_opt, no memory chart")
     parser.add_argument("--jobs", type=int, default=1,
                         help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
     parser.add_argument("--out", default="resnet-benchmark", help="folder for the JSON and the PNG")
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             others = ("seqmem",) if args.no_recompute else ("seqmem", "recompute")
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
                 table_a.update(zip(others, pool.map(lambda variant: search(variant, max(base, 1)), others)))
-            if base:
+            if base and not args.batches_only:
                 # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
                 # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
                 # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.

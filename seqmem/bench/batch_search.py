@@ -72,9 +72,10 @@ def largest_batch(
             search.values[batch] = run.value
         failed_after_training = run_index > 0 and verdict != "ok"
         if (not run.ok and run.verdict != "oom") or failed_after_training:
-            last_line = (run.message.strip().splitlines() or [""])[-1]
+            lines = run.message.strip().splitlines() or [""]
+            said = lines[0] if run.verdict == "crashed" else lines[-1]  # a crash: its exit status, not its stderr
             which = f"batch {batch}" + (f", run {run_index + 1} of {runs}" if runs > 1 else "")
-            search.notes.append(f"{which}: {verdict}: {last_line}")
+            search.notes.append(f"{which}: {verdict}: {said}")
         return verdict == "ok"
 
     def fits(batch: int) -> bool:

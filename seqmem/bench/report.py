@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqmem.files import save_figure
 from seqmem.runtime.device import BudgetRun
 
-__all__ = ["EXECUTORS", "ratio", "search_settings", "value_or_verdict"]
+__all__ = ["EXECUTORS", "batch_chart", "ratio", "search_settings", "value_or_verdict"]
 
 
 EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
@@ -31,3 +32,23 @@ def ratio(numerator: Any, denominator: Any, digits: int = 2) -> str:
 def value_or_verdict(run: BudgetRun) -> dict[str, Any]:
     """A fresh-process run's result for a JSON report: its value, or its verdict and the end of its message."""
     return run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
+
+
+def batch_chart(path: str, x_label: str, xs: list[int], batches: dict[str, list[int]], title: str) -> str:
+    """PNG of the largest batch per variant (`batches`: one per x, 0 drawn as 0.5) on a log scale; appears
+    whole or not at all. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for variant, values in batches.items():
+        axes.plot(xs, [max(value, 0.5) for value in values], marker="o", label=variant)
+    axes.set_yscale("log")
+    axes.set_xlabel(x_label)
+    axes.set_ylabel("largest batch that trains")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    return save_figure(figure, path)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["Runnable", "Workload", "measure", "runnable", "trains"]
+__all__ = ["Runnable", "Workload", "measure", "predicted_batch", "runnable", "trains"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,16 @@ def measure(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
     peaks, seconds = timed_steps(built.step, built.inputs, steps)
     return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
             "predicted_peak_bytes": built.predicted_peak_bytes, "swaps": built.swaps}
+
+
+def predicted_batch(workload: Workload, budget_mb: int) -> int:
+    """Child process: the batch at which seqmem predicts the unoptimized step's peak reaches `budget_mb`
+    (predicted peaks at batch 1 and 2, extrapolated linearly): where a search for B_base can start."""
+    from seqmem.bench.batch_search import extrapolated_batch
+    from seqmem.runtime.step_analysis import predicted_peak_bytes
+
+    peaks = []
+    for batch in (1, 2):
+        step, _, specs = workload.build(batch, **dict(workload.options))
+        peaks.append(predicted_peak_bytes(step.get_concrete_function(*specs)))
+    return extrapolated_batch(peaks[0], peaks[1], budget_mb << 20)

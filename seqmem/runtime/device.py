@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -237,7 +238,17 @@ def run_with_budget(
             with open(result_path, "rb") as result:
                 return pickle.load(result)
         tail = process.stderr.decode(errors="replace")[-2000:]
-        return BudgetRun("crashed", message=f"exit status {process.returncode}: {tail}")
+        return BudgetRun("crashed", message=f"exit status {_exit_status(process.returncode)}\n{tail}")
+
+
+def _exit_status(code: int) -> str:
+    """"-11 (SIGSEGV)" for a process killed by a signal, the code alone otherwise."""
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return str(code)
 
 
 def _worker(job_path: str, result_path: str) -> None:

@@ -12,7 +12,7 @@ def _fake_device(capacity: int, crash_at=frozenset()):
     def run_with_budget(probe, batch, *args, budget_mb, timeout_s, one_stream, stall_s):
         probed.append(batch)
         if batch in crash_at:
-            return BudgetRun("crashed", message="exit status -11: Segmentation fault")
+            return BudgetRun("crashed", message="exit status -11 (SIGSEGV)\nUnable to register cuBLAS factory")
         return BudgetRun("ok", value=probe(batch)) if batch <= capacity else BudgetRun("oom", message="OOM")
 
     return run_with_budget, probed
@@ -46,7 +46,7 @@ def test_a_crashing_probe_counts_as_not_fitting_and_is_noted(monkeypatch):
     monkeypatch.setattr(batch_search, "run_with_budget", fake)
     found = batch_search.largest_batch(bool, budget_mb=1, limit=64)
     assert found.batch == 31
-    assert found.notes == ["batch 32: crashed: exit status -11: Segmentation fault"]
+    assert found.notes == ["batch 32: crashed: exit status -11 (SIGSEGV)"]  # the status, not stderr's last line
 
 
 def test_a_batch_fits_only_when_it_trains_in_every_run(monkeypatch):

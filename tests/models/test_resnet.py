@@ -99,21 +99,18 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
 @pytest.mark.device
 def test_benchmark_finds_a_larger_batch_with_seqmem_by_real_oom(tmp_path, capsys):
     # the smallest configuration that shows the effect (measured on one stream, 2026-11-22: B_base 44-53 in
-    # 4 runs, B_opt 86-112 in 3; the search stops at 96, within 50%: 11 probe processes)
+    # 4 runs, B_opt 86-112 in 3; the search stops at 96, within 50%); the measurements at B_base are the
+    # shared `seqmem.bench.workload.measure`, tested through the NMT benchmark
     argv = ["--tables", "a", "--no-recompute", "--depth", "20", "--image-size", "32", "--classes", "10",
-            "--budget-mb", "256", "--max-batch", "96", "--precision", "0.5", "--runs", "1", "--out", str(tmp_path)]
+            "--budget-mb", "256", "--max-batch", "96", "--precision", "0.5", "--runs", "1", "--batches-only",
+            "--out", str(tmp_path)]
     assert benchmark.main(argv) == 0
     report = json.loads((tmp_path / "resnet-benchmark.json").read_text())
     table_a = report["table_a"]
     base, opt = table_a["baseline"]["batch"], table_a["seqmem"]["batch"]
     assert base >= 1 and opt > base  # seqmem trains a larger batch under the same budget, by real OOM
     assert table_a["limit"]["batch"] >= opt  # the graph bound is an upper bound
-    assert sorted(report["at_base"]) == ["baseline", "seqmem"]
-    for measured in report["at_base"].values():
-        # measured in an arena of twice the budget: B_base's later steps may exceed the budget
-        assert 0 < measured["peak_bytes"] <= 2 * report["args"]["budget_mb"] << 20
-        assert measured["images_per_s"] > 0 and measured["predicted_peak_bytes"] > 0
-    assert (tmp_path / "resnet-memory.png").stat().st_size > 10_000
+    assert report["at_base"] == {} and not (tmp_path / "resnet-memory.png").exists()
     printed = capsys.readouterr().out
     assert "Table 1(a)" in printed and "trains two steps in a fresh process, real OOM, one stream" in printed
 

@@ -46,7 +46,8 @@ def test_run_with_budget_reports_ok_and_oom():
 def test_run_with_budget_reports_errors_and_crashes_without_raising():
     error = device.run_with_budget(raise_value_error, budget_mb=64)
     assert error.verdict == "error" and "ValueError: boom" in error.message
-    assert device.run_with_budget(crash, budget_mb=64).verdict == "crashed"
+    crashed = device.run_with_budget(crash, budget_mb=64)
+    assert crashed.verdict == "crashed" and crashed.message.startswith("exit status -6 (SIGABRT)")
 
 
 @pytest.mark.device

@@ -1,0 +1,169 @@
+"""LSTM language-model batch size under a memory budget: the paper's Table 2(a), measured.
+
+A word-level language model after TF-LM (embedding, --layers stacked LSTM layers
+of --units, a softmax over --vocab words, --time-steps tokens, gradients clipped
+to global norm 5, SGD). For each layer count, on the emulated device (every probe
+a fresh process, real OOM), the largest batch that trains two full steps under
+--budget-mb for:
+
+    base        tf.keras.layers.LSTM                                   (B_base)
+    swap        base, and seqmem.optimize (feature maps only: Keras' LSTM loops run
+                inside its functions, where seqmem does not swap yet)
+    efficient   seqmem.MemoryEfficientLSTM: gates recomputed in backward
+    both        efficient, and seqmem.optimize (its loops' accumulators swapped)
+
+A probe that crashes (a kernel dying on a full arena instead of raising) counts
+as not fitting and is listed in the notes.
+
+    python -m models.lm.benchmark --layers 1,2,4     # 650 units, 35 steps, vocabulary 10000, 1024 MB
+    python -m models.lm.benchmark --quick            # 1 and 4 layers of 256 units, vocabulary 1000, 128 MB
+
+Writes lm-benchmark.json and lm-batch.png (batch vs layers per variant) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from seqmem.bench.batch_search import largest_batch
+from seqmem.bench.report import EXECUTORS, batch_chart, ratio, search_settings
+from seqmem.bench.workload import Workload, predicted_batch, trains
+from seqmem.runtime.device import run_with_budget
+from seqmem.files import write_json
+
+VARIANTS = {"base": ("keras", False), "swap": ("keras", True), "efficient": ("efficient", False),
+            "both": ("efficient", True)}
+
+
+def training_step(batch: int, layers: int, units: int, time_steps: int, vocab: int, cells: str = "keras"):
+    """(training step, inputs, input specs) of the language model; `cells`: "keras" or "efficient"."""
+    import tensorflow as tf
+
+    from seqmem.recurrent import MemoryEfficientLSTM
+
+    lstm = tf.keras.layers.LSTM if cells == "keras" else MemoryEfficientLSTM
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(vocab, units)]
+                                + [lstm(units, return_sequences=True) for _ in range(layers)]
+                                + [tf.keras.layers.Dense(vocab)])
+    optimizer = tf.keras.optimizers.SGD(1.0)
+    words = tf.random.stateless_uniform([batch, time_steps + 1], seed=[0, 1], maxval=vocab, dtype=tf.int32)
+    inputs, targets = words[:, :-1], words[:, 1:]
+    model(inputs)
+
+    @tf.function(autograph=False)
+    def step(inputs, targets):
+        with tf.GradientTape() as tape:
+            logits = model(inputs, training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+        gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables), 5.0)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return step, (inputs, targets), [tf.TensorSpec(t.shape, t.dtype) for t in (inputs, targets)]
+
+
+def workload(variant: str, layers: int, units: int, time_steps: int, vocab: int, budget_mb: int) -> Workload:
+    """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
+    cells, optimized = VARIANTS[variant]
+    options = (("layers", layers), ("units", units), ("time_steps", time_steps), ("vocab", vocab), ("cells", cells))
+    return Workload(training_step, options, optimized=optimized, budget_mb=budget_mb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 and 4 layers of 256 units, vocabulary 1000, 128 MB")
+    parser.add_argument("--layers", default="1,2,4", help="comma-separated layer counts")
+    parser.add_argument("--units", type=int, default=650)
+    parser.add_argument("--time-steps", type=int, default=35)
+    parser.add_argument("--vocab", type=int, default=10000)
+    parser.add_argument("--budget-mb", type=int, default=1024)
+    parser.add_argument("--max-batch", type=int, default=8192)
+    parser.add_argument("--precision", type=float, default=0.1,
+                        help="stop the batch search once the answer is known within this fraction (0: exact)")
+    parser.add_argument("--runs", type=int, default=1, help="fresh processes a batch must train in to count as fitting")
+    parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
+    parser.add_argument("--executor", choices=EXECUTORS, default="one-stream")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, base among them")
+    parser.add_argument("--out", default="lm-benchmark", help="folder for the JSON report")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.units, args.vocab, args.budget_mb = "1,4", 256, 1000, 128
+        args.precision, args.max_batch = max(args.precision, 0.2), min(args.max_batch, 1024)
+    named = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if "base" not in named or not set(named) <= set(VARIANTS):
+        parser.error(f"--variants must name base and any of {list(VARIANTS)}, got {args.variants!r}")
+    variants = [v for v in VARIANTS if v in named]  # base first
+    try:
+        layer_counts = [int(n) for n in args.layers.split(",")]
+    except ValueError:
+        parser.error(f"--layers must be comma-separated integers, got {args.layers!r}")
+    if min([args.units, args.time_steps, args.vocab, args.budget_mb, args.max_batch, args.runs, args.timeout_s]
+           + layer_counts) < 1:
+        parser.error("layers, units, time steps, vocabulary, budget, batch limit, runs and timeout must be positive")
+    if not 0 <= args.precision < 1:
+        parser.error(f"--precision must be in [0, 1), got {args.precision}")
+    # Children unpickle functions by module name: use the importable name, not __main__.
+    from models.lm import benchmark as bench
+
+    os.makedirs(args.out, exist_ok=True)
+    report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "rows": []}
+    with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
+        for layers in layer_counts:
+            row: dict[str, Any] = {"layers": layers, "batch": {}, "notes": {}}
+            model = (layers, args.units, args.time_steps, args.vocab, args.budget_mb)
+            guess = run_with_budget(predicted_batch, bench.workload("base", *model), args.budget_mb,
+                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s,
+                                    one_stream=args.executor == "one-stream")
+            progress.update(1)
+            start = guess.value if guess.ok else 1
+            for variant in variants:  # base first: the others start from B_base
+                found = largest_batch(trains, bench.workload(variant, *model), budget_mb=args.budget_mb,
+                                      limit=args.max_batch, start=min(max(start, 1), args.max_batch),
+                                      precision=args.precision, runs=args.runs,
+                                      one_stream=args.executor == "one-stream", timeout_s=args.timeout_s,
+                                      on_probe=lambda batch, verdict: progress.update(1))
+                row["batch"][variant], row["notes"][variant] = found.batch, found.notes
+                start = found.batch if variant == "base" else start
+            report["rows"].append(row)
+            write_json(report, os.path.join(args.out, "lm-benchmark.json"))  # each row as soon as it is measured
+    print(format_report(report))
+    chart = _plot(report, os.path.join(args.out, "lm-batch.png"))
+    print(f"wrote {os.path.join(args.out, 'lm-benchmark.json')} and {chart}")
+    return 0
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The benchmark's table in Markdown, from its JSON report."""
+    args = report["args"]
+    lines = [f"Table 2(a): largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
+             f"LSTM units {args['units']}, {args['time_steps']} steps, vocabulary {args['vocab']}; "
+             f"ratio to B_base in parentheses",
+             "| layers | B_base (Keras LSTM) | swap | MemoryEfficientLSTM | both |", "|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        batch = row["batch"]
+        cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
+                                        for v in ("swap", "efficient", "both")]
+        lines.append(f"| {row['layers']} | " + " | ".join(cells) + " |")
+    for row in report["rows"]:
+        for variant, notes in row["notes"].items():
+            lines += [f"note ({row['layers']} layers, {variant}): {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def _plot(report: dict[str, Any], path: str) -> str:
+    """PNG of the largest batch vs layer count for each variant."""
+    rows = report["rows"]
+    return batch_chart(path, "LSTM layers", [row["layers"] for row in rows],
+                       {variant: [row["batch"][variant] for row in rows] for variant in (rows[0]["batch"] if rows else ())},
+                       f"LSTM language model under {report['args']['budget_mb']} MB (emulated device, measured)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""models.lm.benchmark: flags and the Table 2(a) report (the search itself is measured by hand, docs/results.md)."""
+
+import pytest
+
+from models.lm import benchmark
+
+
+@pytest.mark.parametrize("argv", [["--layers", "1,x"], ["--layers", "0"], ["--budget-mb", "0"], ["--precision", "1"],
+                                  ["--variants", "efficient"], ["--variants", "base,cells"], ["--nope"]])
+def test_bad_flags_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(argv)
+    assert exit_info.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_report_gives_ratios_to_the_base_batch_and_the_notes():
+    report = {"args": {"budget_mb": 1024, "units": 650, "time_steps": 35, "vocab": 10000, "runs": 1,
+                       "executor": "one-stream"},
+              "rows": [{"layers": 16, "batch": {"base": 10, "efficient": 25},
+                        "notes": {"base": ["batch 20: crashed: Fatal Python error: Segmentation fault"]}}]}
+    printed = benchmark.format_report(report)
+    assert "trains two steps in a fresh process, real OOM, one stream" in printed
+    assert "| 16 | 10 | - | 25 (2.50x) | - |" in printed
+    assert "note (16 layers, base): batch 20: crashed" in printed
