@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "lm-benchmark.json"))  # each row as soon as it is measured
     print(format_report(report))
-    chart = _plot(report, os.path.join(args.out, "lm-batch.png"))
+    chart = batch_chart(os.path.join(args.out, "lm-batch.png"), report["rows"], "layers", "LSTM layers",
+                        f"LSTM language model under {args.budget_mb} MB (emulated device, measured)")
     print(f"wrote {os.path.join(args.out, 'lm-benchmark.json')} and {chart}")
     return 0
 
@@ -155,14 +156,6 @@ def format_report(report: dict[str, Any]) -> str:
         for variant, notes in row["notes"].items():
             lines += [f"note ({row['layers']} layers, {variant}): {note}" for note in notes]
     return "\n".join(lines)
-
-
-def _plot(report: dict[str, Any], path: str) -> str:
-    """PNG of the largest batch vs layer count for each variant."""
-    rows = report["rows"]
-    return batch_chart(path, "LSTM layers", [row["layers"] for row in rows],
-                       {variant: [row["batch"][variant] for row in rows] for variant in (rows[0]["batch"] if rows else ())},
-                       f"LSTM language model under {report['args']['budget_mb']} MB (emulated device, measured)")
 
 
 if __name__ == "__main__":

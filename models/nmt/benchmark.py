@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(report, os.path.join(args.out, "nmt-benchmark.json"))  # each row as soon as it is measured
 
     print(format_report(report))
-    chart = _plot(report, os.path.join(args.out, "nmt-batch.png"))
+    chart = batch_chart(os.path.join(args.out, "nmt-batch.png"), report["rows"], "time_steps",
+                        "time steps T (source and target)", f"NMT under {args.budget_mb} MB (emulated device, measured)")
     path = write_json(report, os.path.join(args.out, "nmt-benchmark.json"))
     print(f"wrote {path} and {chart}")
     return 0
@@ -187,14 +188,6 @@ def format_report(report: dict[str, Any]) -> str:
         for variant, notes in row["notes"].items():
             lines += [f"note (T={row['time_steps']}, {variant}): {note}" for note in notes]
     return "\n".join(lines)
-
-
-def _plot(report: dict[str, Any], path: str) -> str:
-    """PNG of the largest batch vs T for each variant."""
-    rows = report["rows"]
-    return batch_chart(path, "time steps T (source and target)", [row["time_steps"] for row in rows],
-                       {variant: [row["batch"][variant] for row in rows] for variant in (rows[0]["batch"] if rows else ())},
-                       f"NMT under {report['args']['budget_mb']} MB (emulated device, measured)")
 
 
 if __name__ == "__main__":

@@ -34,17 +34,18 @@ def value_or_verdict(run: BudgetRun) -> dict[str, Any]:
     return run.value if run.ok else {"error": run.verdict, "message": run.message[-500:]}
 
 
-def batch_chart(path: str, x_label: str, xs: list[int], batches: dict[str, list[int]], title: str) -> str:
-    """PNG of the largest batch per variant (`batches`: one per x, 0 drawn as 0.5) on a log scale; appears
-    whole or not at all. Returns the path."""
+def batch_chart(path: str, rows: list[dict[str, Any]], x_key: str, x_label: str, title: str) -> str:
+    """PNG of a benchmark report's largest batch per variant (each row's "batch": {variant: batch}) against
+    each row's `x_key`, on a log scale (0 drawn as 0.5); appears whole or not at all. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    for variant, values in batches.items():
-        axes.plot(xs, [max(value, 0.5) for value in values], marker="o", label=variant)
+    for variant in rows[0]["batch"] if rows else ():
+        axes.plot([row[x_key] for row in rows], [max(row["batch"][variant], 0.5) for row in rows], marker="o",
+                  label=variant)
     axes.set_yscale("log")
     axes.set_xlabel(x_label)
     axes.set_ylabel("largest batch that trains")
