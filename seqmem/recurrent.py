@@ -1,11 +1,12 @@
 """Memory-efficient LSTM and GRU layers: each step's gates are recomputed in backward instead of stored.
 
 Autodiff through `tf.keras.layers.LSTM` keeps, for every time step, what the
-gradient of each op needs: the gate pre-activations, the four gates, the cell
-state and its tanh (about nine [batch, units] tensors a step; the GRU keeps
-about seven). Here a step is one `tf.custom_gradient` function of
+gradient of each op needs: gates, states and the cell state's tanh (seven
+[batch, units] tensors a step in Keras' step-by-step loop; the GRU six, counted
+in `tests/test_recurrent.py`). Here a step is one `tf.custom_gradient` function of
 (input, states) whose backward runs the step again under a tape, so the loop
-keeps only the step's input and incoming states: the memory-efficient
+keeps only the step's input and incoming states (two tensors and the input for
+the LSTM, one and the input for the GRU): the memory-efficient
 recurrent layer of Meng et al.'s Table 2(a), after Gruslys et al. 2016
 (memory-efficient backpropagation through time), at the cost of one more
 forward step per step. The layers' forward loops run one iteration at a time
