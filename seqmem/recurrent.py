@@ -3,8 +3,9 @@
 Autodiff through `tf.keras.layers.LSTM` keeps, for every time step, what the
 gradient of each op needs: gates, states and the cell state's tanh (seven
 [batch, units] tensors a step in Keras' step-by-step loop; the GRU six, as
-`_saved_bytes_per_step` in tests/test_recurrent.py counts them at 256 units). Here a step is one `tf.custom_gradient` function of
-(input, states) whose backward runs the step again under a tape, so the loop
+`_saved_bytes_per_step` in tests/test_recurrent.py counts them at 256
+units). Here a step is one `tf.custom_gradient` function of (input, states)
+whose backward runs the step again under a tape, so the loop
 keeps only the step's input and incoming states (two tensors and the input for
 the LSTM, one and the input for the GRU): the memory-efficient
 recurrent layer of Meng et al.'s Table 2(a), after Gruslys et al. 2016
