@@ -142,36 +142,34 @@ def _one_iteration_at_a_time(call: Callable[[], Any]) -> Any:
     return result
 
 
-def _with_cell(layer: tf.keras.layers.RNN, cell_class: type) -> None:
-    """Replace `layer`'s cell by `cell_class` with the same config, and run it step by step."""
-    _check_no_dropout(layer.cell, type(layer).__name__)
-    config = layer.cell.get_config()
-    del layer.cell  # untracked, so the layer's weights are the new cell's alone
-    layer.cell = cell_class.from_config(config)
-    layer._could_use_gpu_kernel = False  # Keras' generic loop calls the cell; the fused kernels would not
+class _RecomputedLoop:
+    """What both layers add to their Keras class: the memory-efficient cell (`cell_class`, same config as
+    Keras' own), run step by step, forward loop one iteration at a time."""
+
+    cell_class: type
+
+    def __init__(self, units: int, **kwargs) -> None:
+        super().__init__(units, **kwargs)
+        _check_no_dropout(self.cell, type(self).__name__)
+        config = self.cell.get_config()
+        del self.cell  # untracked, so the layer's weights are the new cell's alone
+        self.cell = self.cell_class.from_config(config)
+        self._could_use_gpu_kernel = False  # Keras' generic loop calls the cell; the fused kernels would not
+
+    def call(self, inputs, mask=None, training=None, initial_state=None):
+        return _one_iteration_at_a_time(lambda: super(_RecomputedLoop, self).call(
+            inputs, mask=mask, training=training, initial_state=initial_state))
 
 
-class MemoryEfficientLSTM(tf.keras.layers.LSTM):
+class MemoryEfficientLSTM(_RecomputedLoop, tf.keras.layers.LSTM):
     """Drop-in for `tf.keras.layers.LSTM` (same arguments, weights and outputs) that recomputes each step's
     gates in backward instead of storing them. Raises ValueError for nonzero dropout rates."""
 
-    def __init__(self, units: int, **kwargs) -> None:
-        super().__init__(units, **kwargs)
-        _with_cell(self, MemoryEfficientLSTMCell)
-
-    def call(self, inputs, mask=None, training=None, initial_state=None):
-        return _one_iteration_at_a_time(lambda: super(MemoryEfficientLSTM, self).call(
-            inputs, mask=mask, training=training, initial_state=initial_state))
+    cell_class = MemoryEfficientLSTMCell
 
 
-class MemoryEfficientGRU(tf.keras.layers.GRU):
+class MemoryEfficientGRU(_RecomputedLoop, tf.keras.layers.GRU):
     """Drop-in for `tf.keras.layers.GRU` (same arguments, weights and outputs) that recomputes each step's
     gates in backward instead of storing them. Raises ValueError for nonzero dropout rates."""
 
-    def __init__(self, units: int, **kwargs) -> None:
-        super().__init__(units, **kwargs)
-        _with_cell(self, MemoryEfficientGRUCell)
-
-    def call(self, inputs, mask=None, training=None, initial_state=None):
-        return _one_iteration_at_a_time(lambda: super(MemoryEfficientGRU, self).call(
-            inputs, mask=mask, training=training, initial_state=initial_state))
+    cell_class = MemoryEfficientGRUCell
