@@ -33,11 +33,11 @@ from seqmem.anatomy import StepAnatomy
 from seqmem.critical_path import MachineModel, transfer_time_s
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError, SimulatedOutOfMemoryError
 from seqmem.gc_pause import without_gc
-from seqmem.ir.graph import Graph, TensorRef
-from seqmem.ir.op_tables import SHAPE_OPS
+from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS, is_persistent_op
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
-from seqmem.swap.plan import LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
+from seqmem.swap.plan import LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
 
@@ -120,8 +120,20 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
     events = []
     for decision in plan.decisions:
         out_after = _last_forward_reader(graph, decision.tensor, anatomy, position)
-        events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1]))
+        events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1],
+                                resident_bytes=decision.resident_bytes, restore_bytes=_restore_bytes(graph, decision)))
     return events
+
+
+def _restore_bytes(graph: Graph, decision: SwapDecision) -> int:
+    """Transient device bytes restoring `decision`'s tensor needs besides the copy: the swapped-in
+    compressed copy being cast back, or a recomputed chain's other outputs."""
+    if decision.kind == "compress+swap":
+        return (decision.size_bytes + 1) // 2
+    if decision.kind == "recompute":
+        outputs = sum(info.size_bytes or 0 for name in decision.recompute for info in graph.node(name).outputs)
+        return max(0, outputs - decision.size_bytes)
+    return 0
 
 
 def _reads_contents_in_backward(graph: Graph, reader: str, anatomy: StepAnatomy) -> bool:
@@ -142,13 +154,14 @@ def plan_swaps(
     target_bytes: Optional[int] = None,
     baseline: Optional[Baseline] = None,
     machine: MachineModel = MachineModel(),
-    min_swap_bytes: int = 64 << 10,
+    options: ConservationOptions = ConservationOptions(),
     allocator: str = "bfc",
     arena_bytes: Optional[int] = None,
     pinned: bool = False,
     loop_swap_depth: Optional[int] = None,
 ) -> SwapPlan:
-    """Choose feature maps to swap so that the predicted peak fits `target_bytes`.
+    """Choose feature maps to conserve (swap, recompute, compress: `options`) so that the predicted peak
+    fits `target_bytes`.
 
     budget_bytes: the caller's budget, recorded in the plan (a plan is
     `feasible` when its predicted peak fits it). target_bytes: the peak to plan
@@ -176,7 +189,7 @@ def plan_swaps(
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
     if pinned:
         analysis = analysis.pinned()
-    graph, anatomy, timing, order = analysis.graph, analysis.anatomy, analysis.timing, analysis.order
+    graph, order = analysis.graph, analysis.order
     if baseline is None:
         baseline = simulate_baseline(analysis, allocator=allocator, arena_bytes=arena_bytes)
     before = baseline.trace
@@ -184,7 +197,7 @@ def plan_swaps(
     if baseline.fits(target_bytes):
         fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
-                        notes=(f"the step {fits}",), pinned_order=pinned_order)
+                        notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
 
     loop_swaps: tuple[LoopSwap, ...] = ()
     if loop_swap_depth is not None and analysis.loop_swaps:
@@ -194,41 +207,45 @@ def plan_swaps(
     graph, start = analysis.graph, baseline.trace
     if baseline.fits(target_bytes):
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes, pinned_order=pinned_order,
-                        notes=("the step fits with its loops' accumulators swapped: no other swaps",), **loop_fields)
+                        options=options, notes=("the step fits with its loops' accumulators swapped: no other swaps",), **loop_fields)
 
     device = start.busiest()
     tree = _MaxTree(device.tensor_live_bytes)
     position = {name: i for i, name in enumerate(order)}
-    triggers = TriggerIndex(graph, timing, anatomy.backward)
-    candidates, skipped = _candidates(graph, anatomy, timing, start, machine, min_swap_bytes, position, triggers,
+    candidates, skipped = _candidates(analysis, start, machine, options, position,
                                       {swap.tensor for swap in loop_swaps})
 
-    chosen: dict[TensorRef, tuple[int, int, SwapDecision]] = {}
+    chosen: dict[TensorRef, tuple[_Candidate, _Option]] = {}
+    limit = options.max_decisions
     live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
     after, placed = start, baseline.placed
     lowest = start  # the lowest peak of the plans tried: more swaps can raise a peak
     forced = 1
     for _ in range(_MAX_ROUNDS):
-        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes)
-        plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing)
+        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit)
+        plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
         after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
         lowest = min(lowest, after, key=lambda trace: trace.peak_bytes)
-        if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates):
+        if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates) \
+                or (limit is not None and len(chosen) >= limit):
             break
         if after.peak_bytes <= target_bytes or not added:
             # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
             # exact model's peak is left while the allocator model's peak is still over: swap the next
             # longest-lived candidates wherever they are live, to thin out large buffers (twice as
             # many each time this repeats).
-            for ref, out_pos, in_pos, decision in [c for c in candidates if c[0] not in chosen][:forced]:
-                tree.add(out_pos + 1, in_pos, -decision.size_bytes)
-                chosen[ref] = (out_pos, in_pos, decision)
+            left = [c for c in candidates if c.tensor not in chosen and not _needed_by_recomputation(c.tensor, chosen)]
+            room = len(left) if limit is None else limit - len(chosen)
+            for candidate in left[:min(forced, room)]:
+                option = _cheapest_helpful(candidate, -1, candidate.options[0].decision.size_bytes, chosen)
+                if option is not None:
+                    _choose(tree, candidate, option, chosen)
             forced *= 2
         else:
             forced = 1
         if after.peak_bytes > target_bytes:
             live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
-    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, after.peak_bytes)
+    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, after.peak_bytes)
     plan = dataclasses.replace(plan, pinned_order=pinned_order, **{
         **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
@@ -289,9 +306,32 @@ def _loop_fields(loop_swaps: tuple[LoopSwap, ...], depth: Optional[int], graph: 
             "predicted_overhead_s": 2 * transfer_time_s(swapped, machine)}
 
 
-def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_bytes, position, triggers,
-                loop_swapped: set[TensorRef]):
-    """Feature maps worth trying, longest-lived first, as (tensor, out_pos, in_pos, decision); and the skipped."""
+@dataclass(frozen=True)
+class _Option:
+    """One way to conserve a candidate: its decision, the schedule position it is restored at (the
+    tensor is off the device at positions out_pos < i < in_pos), the bytes the device holds at in_pos
+    besides the copy, and the tensors a recomputation reads (they must stay on the device)."""
+
+    decision: SwapDecision
+    in_pos: int
+    restore_bytes: int
+    reads: frozenset[TensorRef] = frozenset()
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A feature map the selector may conserve, after its last forward reader at `out_pos`, in any of `options`."""
+
+    tensor: TensorRef
+    out_pos: int
+    options: tuple[_Option, ...]
+
+
+def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineModel, options: ConservationOptions,
+                position: Mapping[str, int], loop_swapped: set[TensorRef]):
+    """Feature maps worth trying, longest-lived first, each with the kinds that can conserve it; and the skipped."""
+    graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
+    triggers = TriggerIndex(graph, timing, anatomy.backward)
     aliases: dict[TensorRef, list[TensorRef]] = {}
     for tensor, owner in trace.buffer_of.items():
         aliases.setdefault(owner, []).append(tensor)
@@ -303,11 +343,11 @@ def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_by
         if ref in loop_swapped:
             skipped.append(SkippedCandidate(ref, size or 0, "a loop accumulator swapped element by element"))
             continue
-        if size is None or size < min_swap_bytes:
-            skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {min_swap_bytes} bytes"))
+        if size is None or size < options.min_bytes:
+            skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {options.min_bytes} bytes"))
             continue
         # forward-time aliases only: a backward op writing in place into this buffer would, after the
-        # rewrite, write into the swapped-in copy instead
+        # rewrite, write into the restored copy instead
         sharing = [a for a in aliases.get(trace.buffer_of.get(ref), ()) if a != ref and a.node not in anatomy.backward]
         if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
             skipped.append(SkippedCandidate(ref, size, "shares its buffer with another tensor read in backward"))
@@ -318,46 +358,150 @@ def _candidates(graph, anatomy, timing, trace: MemoryTrace, machine, min_swap_by
         if not consumers:
             skipped.append(SkippedCandidate(ref, size, "no backward op reads its contents"))
             continue
-        transfer = transfer_time_s(size, machine)
-        trigger, hidden = triggers.choose(consumers, transfer)
+        slack = timing.start_s[consumers[0]] - timing.completion_s[ref.node]
+        if slack < options.min_slack_s:
+            skipped.append(SkippedCandidate(ref, size, f"lives {1e3 * slack:.3f} ms, under min_slack_s"))
+            continue
         out_pos = max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
-        if trigger is None or position[trigger] + 1 <= out_pos + 1:
-            skipped.append(SkippedCandidate(ref, size, "consumed almost immediately: no step between its uses"))
-            continue
-        if not hidden and timing.start_s[consumers[0]] - timing.completion_s[ref.node] < transfer:
-            skipped.append(SkippedCandidate(ref, size, "backward use follows within the transfer time"))
-            continue
-        decision = SwapDecision(ref, size, consumers, trigger, transfer)
-        candidates.append((ref, out_pos, position[trigger] + 1, decision))
+        kinds, reasons = [], []
+        for kind in options.kinds:
+            option = _option(kind, analysis, ref, size, consumers, out_pos, position, triggers, machine, options)
+            (kinds if isinstance(option, _Option) else reasons).append(option)
+        if kinds:
+            candidates.append(_Candidate(ref, out_pos, tuple(kinds)))
+        else:
+            skipped.append(SkippedCandidate(ref, size, "; ".join(dict.fromkeys(reasons))))
     return candidates, skipped
 
 
-def _select(candidates, chosen, tree: _MaxTree, target_live_bytes: int) -> int:
-    """Add candidates (in order) that lower the current peak, until the peak <= target; returns how many."""
+def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consumers: tuple[str, ...], out_pos: int,
+            position: Mapping[str, int], triggers: TriggerIndex, machine: MachineModel,
+            options: ConservationOptions) -> _Option | str:
+    """How `kind` would conserve `ref`, or why it cannot."""
+    graph, timing = analysis.graph, analysis.timing
+    first_use_s = timing.start_s[consumers[0]]
+    compressed = (size + 1) // 2
+    cast_s = (size + compressed) / machine.memory_bytes_per_s  # one cast, either way
+    reads: frozenset[TensorRef] = frozenset()
+    chain: tuple[str, ...] = ()
+    if kind in LOSSY_KINDS and graph.tensor(ref).dtype != "float32":
+        return f"{graph.tensor(ref).dtype}: only float32 tensors are compressed"
+    if kind == "recompute":
+        found = _recompute_chain(analysis, ref, position[consumers[0]], position)
+        if found is None:
+            return "not a chain of cheap ops over tensors the device keeps anyway"
+        chain, reads = found
+        lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
+    else:
+        moved = {"swap": size, "compress+swap": compressed}.get(kind, 0)
+        lead_s = transfer_time_s(moved, machine) + (cast_s if kind in LOSSY_KINDS else 0.0)
+    trigger, hidden = triggers.choose(consumers, lead_s)
+    if trigger is None or position[trigger] <= out_pos:
+        return "consumed almost immediately: no step between its uses"
+    if kind in ("swap", "compress+swap") and not hidden and first_use_s - timing.completion_s[ref.node] < lead_s:
+        return "backward use follows within the transfer time"
+    if kind == "recompute":
+        cost_s, restore = lead_s, sum(info.size_bytes or 0 for name in chain for info in graph.node(name).outputs) - size
+    elif kind == "compress":
+        cost_s, restore = 2 * cast_s, 0
+    else:
+        unhidden_s = max(0.0, timing.completion_s[trigger] + lead_s - first_use_s)
+        cost_s = unhidden_s + (2 * cast_s if kind == "compress+swap" else 0.0)
+        restore = compressed if kind == "compress+swap" else 0
+    transfer_s = transfer_time_s({"swap": size, "compress+swap": compressed}.get(kind, 0), machine)
+    decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
+                            compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain)
+    return _Option(decision, position[trigger] + 1, max(0, restore), reads)
+
+
+def _recompute_chain(analysis: StepAnalysis, ref: TensorRef, deadline: int, position: Mapping[str, int],
+                     depth: int = 3) -> tuple[tuple[str, ...], frozenset[TensorRef]] | None:
+    """The forward nodes (in order) that recompute `ref` from tensors the device keeps until `deadline` (a
+    schedule position) anyway, and those tensors; None when `ref` is not such a chain of at most `depth`
+    `RECOMPUTABLE_OPS`."""
+    graph = analysis.graph
+    node = graph.node(ref.node)
+    if node.op not in RECOMPUTABLE_OPS or node.name in analysis.anatomy.backward:
+        return None
+    chain: dict[str, None] = {}
+    reads: set[TensorRef] = set()
+    for source in node.inputs:
+        if _kept_until(graph, source, position) >= deadline:
+            reads.add(source)
+            continue
+        inner = _recompute_chain(analysis, source, deadline, position, depth - 1) if depth > 1 else None
+        if inner is None:
+            return None
+        chain.update(dict.fromkeys(inner[0]))
+        reads |= inner[1]
+    chain[node.name] = None
+    return tuple(chain), frozenset(reads)
+
+
+def _kept_until(graph: Graph, ref: TensorRef, position: Mapping[str, int]) -> float:
+    """The last schedule position at which `ref`'s contents are still on the device (infinite for
+    persistent tensors and graph outputs): its last reader's, since a buffer is overwritten in place only
+    once no reader is left."""
+    source = ref
+    while (view := view_source(graph.node(source.node), source.index)) is not None:
+        source = view
+    if is_persistent_op(graph.node(source.node).op) or ref in graph.outputs:
+        return float("inf")
+    readers = [position[r] for r in graph.consumers(ref) if graph.node(r).op not in SHAPE_OPS]
+    return max(readers, default=-1)
+
+
+def _select(candidates: Sequence[_Candidate], chosen: dict, tree: _MaxTree, target_live_bytes: int,
+            max_decisions: Optional[int]) -> int:
+    """Add candidates (in order), each by the cheapest kind that helps the current peak, until the peak <=
+    target or `max_decisions` are chosen; returns how many were added."""
     added = 0
     progress = True
     while tree.max() > target_live_bytes and progress:
         progress = False
-        for ref, out_pos, in_pos, decision in candidates:
-            if tree.max() <= target_live_bytes:
+        for candidate in candidates:
+            if tree.max() <= target_live_bytes or (max_decisions is not None and len(chosen) >= max_decisions):
                 return added
-            if ref in chosen or not out_pos < tree.argmax() < in_pos:
+            peak = tree.argmax()
+            if candidate.tensor in chosen or _needed_by_recomputation(candidate.tensor, chosen) \
+                    or not candidate.out_pos < peak:
                 continue
-            tree.add(out_pos + 1, in_pos, -decision.size_bytes)
-            chosen[ref] = (out_pos, in_pos, decision)
+            option = _cheapest_helpful(candidate, peak, tree.max() - target_live_bytes, chosen)
+            if option is None:
+                continue
+            _choose(tree, candidate, option, chosen)
             added += 1
             progress = True
     return added
 
 
-def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timing, peak_after=None) -> SwapPlan:
-    decisions = tuple(chosen[ref][2] for ref, *_ in candidates if ref in chosen)
+def _cheapest_helpful(candidate: _Candidate, peak: int, needed_bytes: int, chosen: Mapping) -> _Option | None:
+    """Of the options that free the tensor at position `peak`: the cheapest that frees `needed_bytes`, else
+    the one that frees most (the cheapest of those); None if none helps."""
+    helpful = [option for option in candidate.options
+               if peak < option.in_pos and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()]
+    enough = [option for option in helpful if option.decision.saved_bytes >= needed_bytes]
+    if enough:
+        return min(enough, key=lambda option: (option.decision.cost_s, -option.decision.saved_bytes))
+    return min(helpful, key=lambda option: (-option.decision.saved_bytes, option.decision.cost_s), default=None)
+
+
+def _needed_by_recomputation(ref: TensorRef, chosen: Mapping) -> bool:
+    return any(ref in option.reads for _, option in chosen.values())
+
+
+def _choose(tree: _MaxTree, candidate: _Candidate, option: _Option, chosen: dict) -> None:
+    decision = option.decision
+    tree.add(candidate.out_pos + 1, option.in_pos, -decision.saved_bytes)
+    tree.add(option.in_pos, option.in_pos + 1, option.restore_bytes + decision.resident_bytes)
+    chosen[candidate.tensor] = (candidate, option)
+
+
+def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, peak_after=None) -> SwapPlan:
+    decisions = tuple(chosen[c.tensor][1].decision for c in candidates if c.tensor in chosen)
     unused = tuple(
-        SkippedCandidate(ref, d.size_bytes, "not needed: the peak fit without it")
-        for ref, _, _, d in candidates if ref not in chosen
-    )
-    overhead = sum(
-        max(0.0, timing.completion_s[d.trigger] + d.transfer_s - timing.start_s[d.consumers[0]]) for d in decisions
+        SkippedCandidate(c.tensor, c.options[0].decision.size_bytes, "not needed: the peak fit without it")
+        for c in candidates if c.tensor not in chosen
     )
     return SwapPlan(
         budget_bytes=budget_bytes,
@@ -366,5 +510,6 @@ def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, timin
         predicted_peak_after_bytes=before.peak_bytes if peak_after is None else peak_after,
         decisions=decisions,
         skipped=tuple(skipped) + unused,
-        predicted_overhead_s=overhead,
+        predicted_overhead_s=sum(d.cost_s for d in decisions),
+        options=options,
     )

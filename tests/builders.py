@@ -52,6 +52,9 @@ class IdentityBackend:
     def swap_in(self, name, host, info, trigger, consumer):
         return [Node(name, "DeviceCopy", (host,), control_inputs=(trigger,), outputs=(info,))]
 
+    def cast(self, name, tensor, source, target, control_inputs, device):
+        return Node(name, "Cast", (tensor,), control_inputs=tuple(control_inputs), outputs=(target,), device=device)
+
 
 def loop_training_graph(iterations=10, element_bytes=1 << 20):
     """x -> forward While (state h, and a list saving one element per iteration) -> head -> loss;

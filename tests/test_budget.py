@@ -77,7 +77,7 @@ def test_plan_json_round_trip():
     g = mlp_like(layers=6)
     plan = plan_swaps(_analysis(g), budget_bytes=5 * MB, allocator="exact", pinned=True)
     assert plan.pinned_order and SwapPlan.from_json(plan.to_json()) == plan
-    assert "tensors swapped" in plan.summary()
+    assert "tensors conserved" in plan.summary()
 
 
 def test_a_pinned_plan_is_made_on_the_pinned_order_and_its_rewrite_stays_acyclic():

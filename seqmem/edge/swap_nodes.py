@@ -8,6 +8,9 @@
   for one): an Identity placed on the host device and one placed on the compute
   device; TensorFlow inserts the copies between devices.
 
+Both cast a tensor to a compressed dtype and back on the compute device
+(`cast_node`).
+
 Every inserted node carries `_grappler_do_not_remove`, so Grappler's dependency
 optimizer keeps an Identity pair that would otherwise look redundant.
 """
@@ -21,7 +24,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 
-__all__ = ["EmulatedDeviceBackend", "HostDeviceBackend"]
+__all__ = ["EmulatedDeviceBackend", "HostDeviceBackend", "cast_node"]
 
 _KEEP = "_grappler_do_not_remove"
 
@@ -38,8 +41,18 @@ def _shape(info: TensorInfo) -> attr_value_pb2.AttrValue:
     return attr_value_pb2.AttrValue(shape=tf.TensorShape(info.shape).as_proto())
 
 
+def cast_node(name: str, tensor: TensorRef, source: TensorInfo, target: TensorInfo, control_inputs: Sequence[str],
+              device: str) -> Node:
+    """A Cast of `tensor` from `source`'s dtype to `target`'s, on `device`, after `control_inputs`."""
+    return Node(name, "Cast", (tensor,), control_inputs=tuple(control_inputs), outputs=(target,), device=device,
+                attrs={"SrcT": _type(source.dtype), "DstT": _type(target.dtype),
+                       "Truncate": attr_value_pb2.AttrValue(b=False), _KEEP: _keep()})
+
+
 class EmulatedDeviceBackend:
     """Swap through serialized host buffers (see the module docstring)."""
+
+    cast = staticmethod(cast_node)
 
     def swap_out(self, name: str, tensor: TensorRef, info: TensorInfo, producer: Node) -> Sequence[Node]:
         host = TensorInfo("string", (), None)
@@ -56,6 +69,8 @@ class EmulatedDeviceBackend:
 
 class HostDeviceBackend:
     """Swap through Identity copies to `host_device` and back to `compute_device`."""
+
+    cast = staticmethod(cast_node)
 
     def __init__(self, host_device: str = "/device:CPU:0", compute_device: str = "/device:GPU:0") -> None:
         self.host_device = host_device

@@ -15,6 +15,7 @@ __all__ = [
     "LOOP_BACK_OPS",
     "LOOP_MERGE_OPS",
     "PERSISTENT_OPS",
+    "RECOMPUTABLE_OPS",
     "SHAPE_OPS",
     "TF1_CONTROL_FLOW_OPS",
     "VIEW_OPS",
@@ -123,6 +124,34 @@ INPLACE_OPS = frozenset([
     "Sub",
     "Tanh",
     "TanhGrad",
+])
+
+# Cheap, deterministic, stateless forward ops whose outputs the selector may free and recompute in
+# backward from their inputs (element-wise ops and activations, and batch normalization, whose training
+# form recomputes the same batch statistics from the same input).
+RECOMPUTABLE_OPS = frozenset([
+    "Add",
+    "AddV2",
+    "BiasAdd",
+    "Cast",
+    "Elu",
+    "FusedBatchNormV3",
+    "LeakyRelu",
+    "Maximum",
+    "Minimum",
+    "Mul",
+    "Neg",
+    "RealDiv",
+    "Relu",
+    "Relu6",
+    "Rsqrt",
+    "Selu",
+    "Sigmoid",
+    "Softplus",
+    "Sqrt",
+    "Square",
+    "Sub",
+    "Tanh",
 ])
 
 

@@ -1,4 +1,4 @@
-"""`seqmem.optimize`: make a training step fit a memory budget by swapping feature maps.
+"""`seqmem.optimize`: make a training step fit a memory budget by conserving feature maps.
 
 Three parts: plan (`seqmem.budget.plan_swaps`, pure, for a target below the
 budget), build the runnable step (`seqmem.runtime.optimized_step`), and on a
@@ -9,6 +9,7 @@ measured peak exceeds the budget.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import tensorflow as tf
@@ -25,7 +26,7 @@ from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
-from seqmem.swap.plan import SwapPlan
+from seqmem.swap.plan import ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import SwapBackend
 from seqmem.units import MIB
 
@@ -43,7 +44,11 @@ def optimize(
     input_signature: Any = None,
     machine: MachineModel = MachineModel(),
     backend: Optional[SwapBackend] = None,
+    kinds: Sequence[str] = ("swap",),
+    compression: Optional[str] = None,
     min_swap_bytes: int = 64 << 10,
+    min_slack_s: float = 0.0,
+    max_decisions: Optional[int] = None,
     safety_margin: float = 0.2,
     calibrate: bool = True,
     sample_inputs: Any = None,
@@ -57,6 +62,14 @@ def optimize(
     tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
     for functions (unchanged when the step already fits and has no loop to
     bound), with `.graph_def` and `.plan`.
+    kinds: how a feature map may be conserved (`seqmem.swap.plan.KINDS`): "swap"
+    to host memory, "recompute" from tensors the device keeps anyway, and, only
+    with `compression` ("float16" or "bfloat16"), "compress" (cast on the device)
+    and "compress+swap"; per tensor the cheapest kind that helps is chosen.
+    Compression changes the step's numbers; the other kinds do not.
+    min_swap_bytes, min_slack_s, max_decisions: leave out tensors smaller than
+    this, or living shorter (seconds, producer to first backward reader), and
+    conserve at most this many (see `ConservationOptions`).
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
     the predictor's error. When no plan reaches that but calibration can run,
     the plan aims at the budget itself and the measurement decides.
@@ -80,21 +93,22 @@ def optimize(
     bounded, on the emulated device, the plan may also swap what a loop saves
     for its gradient, element by element (`seqmem.edge.loop_swap`).
     Raises ValueError for a budget that is not a positive finite number, a
-    margin outside [0, 1) or a loop bound that is not a positive int,
+    margin outside [0, 1), a loop bound that is not a positive int, or options
+    `ConservationOptions` refuses (an unknown kind or compression dtype),
     TypeError for another target, InfeasibleBudgetError when no swap set fits
     (with the lowest measured peak when calibration measured one).
     """
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
     budget_bytes = int(device.check_budget_mb(memory_budget_mb, "memory_budget_mb") * MIB)
+    options = ConservationOptions(kinds, compression, min_swap_bytes, min_slack_s, max_decisions)
     target_bytes = int(budget_bytes * (1 - safety_margin))
     if loop_parallel_iterations is not None:
         loops.check_parallel_iterations(loop_parallel_iterations)
     backend = backend or _default_backend()
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
-        plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine,
-                          min_swap_bytes=min_swap_bytes,
+        plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine, options=options,
                           loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
         plan = dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations
                                    or _loop_bound(analysis, loop_parallel_iterations))
@@ -109,7 +123,7 @@ def optimize(
     calibrating = calibrate and measuring
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring)
     arena_mb = device.emulated_budget_mb()
-    planner = _Planner(analysis, budget_bytes, machine, min_swap_bytes,
+    planner = _Planner(analysis, budget_bytes, machine, options,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
                        pinned=pin_order and bool(analysis.pinned_order),
                        loop_parallel_iterations=loop_parallel_iterations,
@@ -159,12 +173,12 @@ class _Planner:
     loop_swap_depth: `plan_swaps`' (None: no loop swaps).
     """
 
-    def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, min_swap_bytes: int,
+    def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, options: ConservationOptions,
                  arena_bytes: Optional[int], measurable: bool, pinned: bool,
                  loop_parallel_iterations: Optional[int], loop_swap_depth: Optional[int]) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
         self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
-        self._options = {"machine": machine, "min_swap_bytes": min_swap_bytes, "loop_swap_depth": loop_swap_depth}
+        self._options = {"machine": machine, "options": options, "loop_swap_depth": loop_swap_depth}
         self._arena_bytes, self._measurable = arena_bytes, measurable
         # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
         self._orders = {"as it is": (analysis, False)}

@@ -15,6 +15,9 @@ Model (that of TensorFlow's executor with a BFC allocator):
 - A `SwapEvent` moves a tensor to the host after `out_after` runs (once the
   readers scheduled before `in_before` are done) and brings a fresh device copy
   back just before `in_before` runs; readers from `in_before` on read the copy.
+  A compressed tensor keeps `resident_bytes` on the device meanwhile; restoring
+  it (casting back, or recomputing it) holds `restore_bytes` more while
+  `in_before` runs, with the compressed copy.
 
 Linear in the size of the graph: one pass over `order`.
 """
@@ -35,11 +38,17 @@ __all__ = ["DeviceTimeline", "MemoryTrace", "SwapEvent", "simulate"]
 
 @dataclass(frozen=True)
 class SwapEvent:
-    """Move `tensor` to host after node `out_after`; restore it before node `in_before`."""
+    """Move `tensor` off the device after node `out_after`; restore it before node `in_before`.
+
+    resident_bytes: what stays on the device meanwhile (a compressed copy); restore_bytes: transient bytes
+    the restoration needs besides the copy (a recomputed chain's other outputs), live while `in_before` runs.
+    """
 
     tensor: TensorRef
     out_after: str
     in_before: str
+    resident_bytes: int = 0
+    restore_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,6 +200,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
     graph_outputs = set(graph.outputs)
     buffer_of: dict[TensorRef, _Buffer] = {}
     copy_of: dict[TensorRef, _Buffer] = {}
+    resident: dict[TensorRef, int] = {}  # handles of compressed copies
     buffers: list[_Buffer] = []
     timelines: dict[str, list[int]] = {}
     unknown: list[TensorRef] = []
@@ -224,13 +234,20 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         if node.resource_bytes:
             memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)
 
+        restoring = []  # (device memory, handle, bytes) freed once this step is counted
         for ref in swap_ins_before.get(step, ()):
             original = buffer_of[ref]
             copy = _Buffer(original.size, original.device, ref, False, step)
             copy.pending = reads(ref, late=True)
             copy_of[ref] = copy
             buffers.append(copy)
-            copy.handle = memories[copy.device].allocate(copy.size)
+            copy_memory = memories[copy.device]
+            copy.handle = copy_memory.allocate(copy.size)
+            event = swap_by_tensor[ref]
+            if event.restore_bytes:
+                restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
+            if ref in resident:
+                restoring.append((copy_memory, resident.pop(ref), event.resident_bytes))
 
         new_buffers = []
         persistent = is_persistent_op(node.op)
@@ -272,6 +289,8 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             tensor_live.append(other.tensor_bytes - other.tensor_persistent_bytes)
         if scratch_handle is not None:
             memory.free(scratch_handle, scratch)
+        for held, handle, size in restoring:
+            held.free(handle, size)
 
         for ref in node.inputs:
             event = swap_by_tensor.get(ref)
@@ -286,6 +305,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 buffer.end = step
         for ref in swap_outs_after.get(step, ()):
             release(buffer_of[ref], step)
+            size = swap_by_tensor[ref].resident_bytes
+            if size:
+                resident[ref] = memories[buffer_of[ref].device].allocate(size)
 
     return MemoryTrace(
         order=tuple(order),

@@ -1,7 +1,8 @@
 """The swap plan: what `seqmem.optimize` decided, as plain data.
 
-A `SwapPlan` lists every swapped tensor with its size, the backward nodes that
-read it back, and the trigger node after which it is brought back; every loop
+A `SwapPlan` lists every conserved tensor with its size, how it is conserved
+(one of `KINDS`: swapped, compressed, both, or recomputed), the backward nodes
+that read it back, and the trigger node after which it is restored; every loop
 accumulator swapped element by element (`LoopSwap`); the budget; the predicted
 peak before and after; what was skipped and why. The rewriter
 takes only a graph and a plan; reports read the plan. `to_json`/`from_json`
@@ -16,16 +17,83 @@ from dataclasses import asdict, dataclass, field
 from seqmem.ir.graph import TensorRef
 from seqmem.units import MIB
 
-__all__ = ["LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
+__all__ = ["COMPRESSED_DTYPES", "ConservationOptions", "KINDS", "LoopSwap", "SkippedCandidate", "SwapDecision",
+           "SwapPlan"]
+
+# How a tensor can be conserved between its forward and backward uses (Janssen et al.'s conservation
+# subgraphs, and recomputation after Checkmate / DTR / Capuchin), lossless kinds first.
+KINDS = ("swap", "recompute", "compress", "compress+swap")
+LOSSY_KINDS = ("compress", "compress+swap")
+# What a compressed float32 tensor is cast to, by the names `ConservationOptions.compression` accepts.
+COMPRESSED_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ConservationOptions:
+    """What the selector may do (after the seed's and TFLMS' user options).
+
+    kinds: the allowed `KINDS`. compression: the dtype compressed kinds cast float32 tensors to ("float16" or
+    "bfloat16"; "fp16"/"bf16" accepted); required by, and only allowed with, a compressed kind, since it changes
+    the step's numbers. min_bytes: the smallest tensor considered. min_slack_s: the shortest lifetime
+    considered, seconds from its producer's completion to its first backward reader's start.
+    max_decisions: the most tensors conserved (None: no limit).
+    Raises ValueError naming what was wrong.
+    """
+
+    kinds: tuple[str, ...] = ("swap",)
+    compression: str | None = None
+    min_bytes: int = 64 << 10
+    min_slack_s: float = 0.0
+    max_decisions: int | None = None
+
+    def __post_init__(self) -> None:
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
+        unknown = [kind for kind in kinds if kind not in KINDS]
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be a non-empty selection of {KINDS}, got {self.kinds!r}")
+        object.__setattr__(self, "kinds", tuple(kind for kind in KINDS if kind in kinds))
+        lossy = [kind for kind in self.kinds if kind in LOSSY_KINDS]
+        if self.compression is not None:
+            if self.compression not in COMPRESSED_DTYPES:
+                raise ValueError(f"compression must be one of {sorted(COMPRESSED_DTYPES)} or None, "
+                                 f"got {self.compression!r}")
+            object.__setattr__(self, "compression", COMPRESSED_DTYPES[self.compression])
+            if not lossy:
+                raise ValueError(f"compression={self.compression!r} needs a compressed kind: add 'compress' or "
+                                 f"'compress+swap' to kinds {self.kinds}")
+        elif lossy:
+            raise ValueError(f"kinds {lossy} change the step's numbers: say which dtype to compress to, e.g. "
+                             f"compression='float16', or leave them out")
+        if self.min_bytes < 0 or self.min_slack_s < 0:
+            raise ValueError(f"min_bytes and min_slack_s must be >= 0, got {self.min_bytes!r}, {self.min_slack_s!r}")
+        if self.max_decisions is not None and (not isinstance(self.max_decisions, int) or self.max_decisions < 0):
+            raise ValueError(f"max_decisions must be a non-negative int or None, got {self.max_decisions!r}")
+
+    def describe(self) -> str:
+        limits = [f"kinds {', '.join(self.kinds)}"]
+        if self.compression:
+            limits.append(f"compression to {self.compression}")
+        limits.append(f"tensors of at least {self.min_bytes} bytes")
+        if self.min_slack_s:
+            limits.append(f"living at least {1e3 * self.min_slack_s:.3f} ms")
+        if self.max_decisions is not None:
+            limits.append(f"at most {self.max_decisions} of them")
+        return "options: " + "; ".join(limits)
 
 
 @dataclass(frozen=True)
 class SwapDecision:
-    """Swap `tensor` to host after its forward readers, and back before `consumers`.
+    """Conserve `tensor` after its forward readers, and restore it before `consumers`.
 
-    consumers: the backward nodes that read the swapped-in copy.
-    trigger: the node whose completion starts the swap-in (a control edge).
-    transfer_s: predicted seconds of one device<->host copy of the tensor.
+    kind (one of `KINDS`): "swap": copy it to host memory and back; "compress": cast it to
+    `compressed_dtype` on the device (half its bytes stay) and back; "compress+swap": cast it, swap the
+    half-size copy; "recompute": free it and re-run the forward nodes `recompute` (in order) from tensors
+    the device keeps anyway.
+    consumers: the backward nodes that read the restored copy.
+    trigger: the node whose completion starts the restoration (a control edge).
+    transfer_s: predicted seconds of one device<->host copy of what moves (0 when nothing does).
+    cost_s: predicted seconds the kind adds to the step: transfer time not hidden by computation, the
+    casts, the recomputation.
     """
 
     tensor: TensorRef
@@ -33,6 +101,24 @@ class SwapDecision:
     consumers: tuple[str, ...]
     trigger: str
     transfer_s: float
+    kind: str = "swap"
+    cost_s: float = 0.0
+    compressed_dtype: str | None = None
+    recompute: tuple[str, ...] = ()
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the tensor keeps on the device between its uses."""
+        return (self.size_bytes + 1) // 2 if self.kind == "compress" else 0
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.size_bytes - self.resident_bytes
+
+    @property
+    def precision(self) -> str:
+        """"exact", or the dtype the tensor's values are rounded to."""
+        return self.compressed_dtype if self.kind in LOSSY_KINDS else "exact"
 
 
 @dataclass(frozen=True)
@@ -88,6 +174,7 @@ class SwapPlan:
     loop_swaps: loop accumulators swapped element by element; each loop then
     holds at most `loop_parallel_iterations` of their elements on the device.
     loop_swapped_bytes: the device bytes their full lists held.
+    options: what the selector was allowed to do.
     """
 
     budget_bytes: int
@@ -103,22 +190,25 @@ class SwapPlan:
     loop_parallel_iterations: int | None = None
     loop_swaps: tuple[LoopSwap, ...] = ()
     loop_swapped_bytes: int = 0
+    options: ConservationOptions = ConservationOptions()
 
     @property
     def feasible(self) -> bool:
         return self.predicted_peak_after_bytes <= self.budget_bytes
 
     @property
-    def swapped_bytes(self) -> int:
-        return sum(d.size_bytes for d in self.decisions)
+    def saved_bytes(self) -> int:
+        """Device bytes the decisions free between their tensors' uses."""
+        return sum(d.saved_bytes for d in self.decisions)
 
     def summary(self) -> str:
         """A readable table of the plan."""
         lines = [
             f"budget {self.budget_bytes / MIB:.1f} MB (planned for {self.target_bytes / MIB:.1f} MB); predicted peak {self.predicted_peak_before_bytes / MIB:.1f} MB "
             f"-> {self.predicted_peak_after_bytes / MIB:.1f} MB ({'fits' if self.feasible else 'does NOT fit'})",
-            f"{len(self.decisions)} tensors swapped ({self.swapped_bytes / MIB:.1f} MB), "
+            f"{len(self.decisions)} tensors conserved ({self.saved_bytes / MIB:.1f} MB freed: {self._kind_counts()}), "
             f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
+            self.options.describe(),
         ]
         if self.loop_swaps:
             loops = len({swap.forward_loop for swap in self.loop_swaps})
@@ -134,9 +224,10 @@ class SwapPlan:
             lines.append(f"measured peak {self.measured_peak_bytes / MIB:.1f} MB")
         lines += list(self.notes)
         if self.decisions:
-            lines.append(f"{'MB':>8}  {'transfer ms':>11}  tensor -> trigger")
+            lines.append(f"{'MB':>8}  {'saved MB':>8}  {'cost ms':>8}  {'kind':<13}  {'precision':<9}  tensor -> trigger")
             for d in self.decisions:
-                lines.append(f"{d.size_bytes / MIB:8.2f}  {1e3 * d.transfer_s:11.3f}  {d.tensor} -> {d.trigger}")
+                lines.append(f"{d.size_bytes / MIB:8.2f}  {d.saved_bytes / MIB:8.2f}  {1e3 * d.cost_s:8.3f}  "
+                             f"{d.kind:<13}  {d.precision:<9}  {d.tensor} -> {d.trigger}")
         loops: dict[tuple[str, str], list[LoopSwap]] = {}
         for swap in self.loop_swaps:
             loops.setdefault((swap.forward_loop, swap.gradient_loop), []).append(swap)
@@ -150,6 +241,10 @@ class SwapPlan:
                              f"{swap.accumulator}")
         return "\n".join(lines)
 
+    def _kind_counts(self) -> str:
+        counts = {kind: sum(d.kind == kind for d in self.decisions) for kind in KINDS}
+        return ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "none"
+
     def to_json(self) -> str:
         data = asdict(self)
         for item in data["decisions"] + data["skipped"]:
@@ -160,7 +255,8 @@ class SwapPlan:
     def from_json(cls, text: str) -> "SwapPlan":
         data = json.loads(text)
         decisions = tuple(
-            SwapDecision(**{**d, "tensor": TensorRef.parse(d["tensor"]), "consumers": tuple(d["consumers"])})
+            SwapDecision(**{**d, "tensor": TensorRef.parse(d["tensor"]), "consumers": tuple(d["consumers"]),
+                            "recompute": tuple(d.get("recompute", ()))})
             for d in data.pop("decisions")
         )
         skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
@@ -168,5 +264,8 @@ class SwapPlan:
             LoopSwap(**{**s, "element_shape": None if s["element_shape"] is None else tuple(s["element_shape"])})
             for s in data.pop("loop_swaps", ())
         )
+        options = data.pop("options", None)
+        options = ConservationOptions() if options is None else ConservationOptions(
+            **{**options, "kinds": tuple(options["kinds"])})
         return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ()))},
-                   decisions=decisions, skipped=skipped, loop_swaps=loop_swaps)
+                   decisions=decisions, skipped=skipped, loop_swaps=loop_swaps, options=options)

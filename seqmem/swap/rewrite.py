@@ -10,8 +10,12 @@ nodes B):
 
 One swap-out reads the tensor right after its producer (all backward readers
 share it); one swap-in, started by the trigger, feeds every backward reader.
-Forward readers keep the original. The nodes themselves come from a backend
-(`seqmem.edge.swap_nodes`), which knows the device; this module only edits the IR.
+Forward readers keep the original. The other kinds follow the same shape:
+"compress" casts `t` to its compressed dtype once F are done and casts it back
+after the trigger; "compress+swap" swaps the compressed cast; "recompute" copies
+the forward nodes that made `t`, each started by the trigger, and B read the
+copy. The nodes themselves come from a backend (`seqmem.edge.swap_nodes`),
+which knows the device; this module only edits the IR.
 
 A plan with a `pinned_order` is pinned to it (`seqmem.swap.pin`), with each
 swap-out right after its producer and each swap-in right after its trigger.
@@ -25,8 +29,9 @@ from typing import Protocol
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.op_tables import SHAPE_OPS
 from seqmem.swap.pin import pin
-from seqmem.swap.plan import SwapPlan
+from seqmem.swap.plan import SwapDecision, SwapPlan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
 
@@ -34,7 +39,7 @@ SWAP_SCOPE = "seqmem_swap"
 
 
 class SwapBackend(Protocol):
-    """Makes the nodes that move one tensor to the host and back."""
+    """Makes the nodes that move one tensor to the host and back, and cast one."""
 
     def swap_out(self, name: str, tensor: TensorRef, info: TensorInfo, producer: Node) -> Sequence[Node]:
         """Nodes that copy `tensor` to the host; the last one's output 0 is the host copy."""
@@ -42,10 +47,14 @@ class SwapBackend(Protocol):
     def swap_in(self, name: str, host: TensorRef, info: TensorInfo, trigger: str, consumer: Node) -> Sequence[Node]:
         """Nodes that bring `host` back, started by a control edge from `trigger`; the last one's output 0 is the copy."""
 
+    def cast(self, name: str, tensor: TensorRef, source: TensorInfo, target: TensorInfo,
+             control_inputs: Sequence[str], device: str) -> Node:
+        """A node on `device` casting `tensor` (described by `source`) to `target`'s dtype, after `control_inputs`."""
+
 
 @without_gc
 def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
-    """A new graph in which the plan's tensors are swapped out and back in.
+    """A new graph in which the plan's tensors are conserved and restored, each by its decision's kind.
 
     Raises GraphError (from the new graph's construction) if the plan names
     nodes or tensors the graph lacks.
@@ -54,19 +63,23 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
         return graph
     replacements: dict[tuple[str, TensorRef], TensorRef] = {}
     added: list[Node] = []
-    placed_after: dict[str, list[str]] = {}  # swap nodes by the node they follow in a pinned order
+    placed_after: dict[str, list[str]] = {}  # new nodes by the node they follow in a pinned order
+    pinned_position = {name: i for i, name in enumerate(plan.pinned_order)}
     for number, decision in enumerate(plan.decisions):
-        ref, info = decision.tensor, graph.tensor(decision.tensor)
+        ref = decision.tensor
         base = f"{SWAP_SCOPE}/{number}_{ref.node.replace('/', '_')}_{ref.index}"
-        out_nodes = list(backend.swap_out(f"{base}/out", ref, info, graph.node(ref.node)))
-        in_nodes = list(backend.swap_in(
-            f"{base}/in", TensorRef(out_nodes[-1].name, 0), info, decision.trigger, graph.node(decision.consumers[0])
-        ))
+        if decision.kind == "recompute":
+            out_nodes, in_nodes = [], _recomputed(graph, decision, base)
+            restored = TensorRef(in_nodes[-1].name, ref.index)
+            out_after = ref.node
+        else:
+            out_nodes, in_nodes, out_after = _conserved(graph, decision, base, backend, pinned_position)
+            restored = TensorRef(in_nodes[-1].name, 0)
         added += out_nodes + in_nodes
-        placed_after.setdefault(ref.node, []).extend(n.name for n in out_nodes)
+        placed_after.setdefault(out_after, []).extend(n.name for n in out_nodes)
         placed_after.setdefault(decision.trigger, []).extend(n.name for n in in_nodes)
         for consumer in decision.consumers:
-            replacements[(consumer, ref)] = TensorRef(in_nodes[-1].name, 0)
+            replacements[(consumer, ref)] = restored
     nodes = []
     for node in graph.nodes.values():
         inputs = tuple(replacements.get((node.name, ref), ref) for ref in node.inputs)
@@ -75,3 +88,44 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     if not plan.pinned_order:
         return rewritten
     return pin(rewritten, [n for name in plan.pinned_order for n in (name, *placed_after.get(name, ()))])
+
+
+def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBackend,
+               pinned_position: dict[str, int]) -> tuple[list[Node], list[Node], str]:
+    """The nodes that take a swapped or compressed tensor off the device and those that restore it (the last
+    one's output 0 is the copy), and the node the first ones follow."""
+    ref, info = decision.tensor, graph.tensor(decision.tensor)
+    producer, consumer = graph.node(ref.node), graph.node(decision.consumers[0])
+    out_nodes: list[Node] = []
+    in_nodes: list[Node] = []
+    moved, moved_info, out_after = ref, info, ref.node
+    if decision.compressed_dtype is not None:
+        moved_info = TensorInfo(decision.compressed_dtype, info.shape, (decision.size_bytes + 1) // 2)
+        after: tuple[str, ...] = ()
+        if decision.kind == "compress":  # kept on the device: cast once the forward readers are done with it
+            after = tuple(sorted({r for r in graph.consumers(ref) if r not in decision.consumers
+                                  and graph.node(r).op not in SHAPE_OPS}))
+            out_after = max(after, key=lambda name: pinned_position.get(name, -1), default=ref.node)
+        out_nodes.append(backend.cast(f"{base}/compress", ref, info, moved_info, after, producer.device))
+        moved = TensorRef(out_nodes[-1].name, 0)
+    if decision.kind in ("swap", "compress+swap"):
+        out_nodes += backend.swap_out(f"{base}/out", moved, moved_info, producer)
+        in_nodes += backend.swap_in(f"{base}/in", TensorRef(out_nodes[-1].name, 0), moved_info, decision.trigger,
+                                    consumer)
+        moved = TensorRef(in_nodes[-1].name, 0)
+    if decision.compressed_dtype is not None:
+        control = (decision.trigger,) if decision.kind == "compress" else ()
+        in_nodes.append(backend.cast(f"{base}/decompress", moved, moved_info, info, control, consumer.device))
+    return out_nodes, in_nodes, out_after
+
+
+def _recomputed(graph: Graph, decision: SwapDecision, base: str) -> list[Node]:
+    """Copies of the decision's `recompute` chain reading each other's outputs, each started by the trigger."""
+    copies: dict[str, str] = {name: f"{base}/recompute/{name.replace('/', '_')}" for name in decision.recompute}
+    nodes = []
+    for name in decision.recompute:
+        node = graph.node(name)
+        inputs = tuple(TensorRef(copies[r.node], r.index) if r.node in copies else r for r in node.inputs)
+        nodes.append(dataclasses.replace(node, name=copies[name], inputs=inputs,
+                                         control_inputs=node.control_inputs + (decision.trigger,)))
+    return nodes

@@ -36,6 +36,34 @@ def _optimized_below_its_peak(example, **options):
     raise AssertionError(f"no budget below {before} bytes was feasible")
 
 
+def conservation_kinds(name, batch, options, steps=2):
+    """An example's step optimized with `options` (of `optimize`) vs the original, same initial weights: (kinds
+    used, losses, original losses, variables equal, measured peaks, predicted peak, the original's measured
+    peaks); the plan is made below the step's predicted peak. The optimized step's peaks leave out what the
+    original left in the arena (its weights and slots): they are the step's own, as predicted."""
+    import tensorflow as tf
+
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime import device
+    from seqmem.runtime.measure import step_peaks
+
+    tf.config.experimental.enable_op_determinism()
+    original = build_example(name, batch)
+    args = original.make_inputs(0)
+    losses = [float(original.step(*args)) for _ in range(steps)]
+    original_peaks = step_peaks(original.step, args, original.model.variables, 2)
+    left_by_original = device.memory_stats().current_bytes
+    copy = build_example(name, batch)
+    step = _optimized_below_its_peak(copy, **options)
+    optimized_losses = [float(step(*args)) for _ in range(steps)]
+    same_variables = all(
+        np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
+    )
+    peaks = [peak - left_by_original for peak in step_peaks(step, args, copy.model.variables, 2)]
+    return (sorted({d.kind for d in step.plan.decisions}), optimized_losses, losses, same_variables, peaks,
+            step.plan.predicted_peak_after_bytes, original_peaks)
+
+
 def host_device_backend_equivalence():
     """The GPU backend with two logical CPUs: compute on CPU:1, host copies on CPU:0."""
     import tensorflow as tf

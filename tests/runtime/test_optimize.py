@@ -12,13 +12,34 @@ from tests.runtime import optimize_jobs
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("name, batch", [("cnn", 64), ("lstm", 32)])  # the NMT step: test_optimize_loops.py
-def test_optimized_step_is_bit_identical_to_the_original(name, batch):
-    run = run_with_budget(optimize_jobs.equivalence, name, batch, budget_mb=4096)
+def test_a_looping_step_is_bit_identical_to_the_original():  # the NMT step: test_optimize_loops.py
+    run = run_with_budget(optimize_jobs.equivalence, "lstm", 32, budget_mb=4096)
     assert run.ok, run.message
     swaps, same_losses, same_variables, loop_bound = run.value
     assert swaps > 0 and same_losses and same_variables
-    assert loop_bound == (1 if name == "lstm" else None)  # the lstm's loops run one iteration at a time
+    assert loop_bound == 1  # the lstm's loops run one iteration at a time
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name, batch, options", [
+    ("cnn", 64, {}),  # large feature maps: swapping and compression
+    ("resnet", 16, dict(kinds=("recompute",))),  # batch-norm + ReLU chains to recompute
+    ("cnn", 64, dict(kinds=("compress",), compression="fp16")),
+], ids=["swap", "recompute", "compress"])
+def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(name, batch, options):
+    run = run_with_budget(optimize_jobs.conservation_kinds, name, batch, options, budget_mb=4096)
+    assert run.ok, run.message
+    kinds, losses, original, same_variables, peaks, predicted, original_peaks = run.value
+    assert kinds == list(options.get("kinds", ["swap"]))
+    # within 15% of the prediction: compressed plans of the cnn measured 72.8-82.6 MB against 70.9-74.3 MB
+    # predicted (the spread is issue 12's); swapped and recomputed ones within 6%
+    assert max(peaks) < min(original_peaks) and max(peaks) < predicted * 1.15
+    if "compression" not in options:
+        assert losses == original and same_variables
+    else:
+        # float16 keeps 11 significant bits (relative rounding <= 2**-11 per element); two steps move
+        # the loss by far less than that
+        assert losses == pytest.approx(original, rel=1e-3)
 
 
 @pytest.mark.device
