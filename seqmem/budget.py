@@ -1,10 +1,14 @@
-"""The budget-driven swap selector (after Meng et al.).
+"""The budget-driven selector (after Meng et al.; conservation kinds after Janssen et al.).
 
 Walk the forward feature maps in reverse topological order by critical-path
 distance to the loss (longest-lived first). Skip tensors below a size
-threshold, tensors whose backward use follows too soon to hide a transfer, and
-tensors that share their buffer with another tensor. Add each remaining one to
-the swap set while it lowers the predicted peak, until the peak fits the budget.
+threshold or living too briefly (`ConservationOptions`), and tensors that share
+their buffer with another tensor. Each remaining one can be conserved by the
+kinds allowed that apply to it (a swap whose transfer cannot hide, or a
+compression of a non-float32 tensor, does not); add it, by the cheapest kind
+that frees enough at the current peak (else the one that frees most), while it
+lowers the predicted peak, until the peak fits the budget. A tensor that a
+chosen recomputation reads stays on the device.
 
 The peak is tracked incrementally: a swap removes the tensor's bytes from the
 live tensor bytes between its last forward reader and its swap-in, a range
@@ -207,7 +211,8 @@ def plan_swaps(
     graph, start = analysis.graph, baseline.trace
     if baseline.fits(target_bytes):
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes, pinned_order=pinned_order,
-                        options=options, notes=("the step fits with its loops' accumulators swapped: no other swaps",), **loop_fields)
+                        options=options, notes=("the step fits with its loops' accumulators swapped: no other swaps",),
+                        **loop_fields)
 
     device = start.busiest()
     tree = _MaxTree(device.tensor_live_bytes)

@@ -6,8 +6,8 @@ compiled Keras model (`model.save("m.keras")` after `model.compile(...)`) or a
 built-in example, `example:mlp`, `example:cnn`, `example:resnet`, `example:lstm`.
 
   seqmem profile MODEL --batch 64                     predicted vs measured peak, memory curve (--png)
-  seqmem plan MODEL --batch 256 --budget-mb 200       the swap plan that fits the budget (--json, --png),
-                                                      and with --largest-batch B_base vs B_opt
+  seqmem plan MODEL --batch 256 --budget-mb 200       the plan that fits the budget (--json, --png; --kinds,
+                                                      --compression), and with --largest-batch B_base vs B_opt
   seqmem accuracy                                     the simulator's accuracy on the built-in examples
   seqmem demo                                         a tour of the above in a few minutes
 """
@@ -20,6 +20,7 @@ import sys
 import time
 
 from seqmem.examples import EXAMPLE_NAMES
+from seqmem.swap.plan import KINDS, ConservationOptions
 from seqmem.units import MIB
 
 __all__ = ["main"]
@@ -94,7 +95,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     with _Stage(f"planning {args.model} at batch {args.batch} for an emulated {args.budget_mb} MB device"):
         run = run_with_budget(cli_jobs.plan_step, args.model, args.batch, args.budget_mb, args.json, args.png,
-                              args.safety_margin, budget_mb=args.budget_mb)
+                              args.safety_margin, args.options, budget_mb=args.budget_mb)
     if not run.ok:
         return _fail(run, "planning")
     trained_peak, summary = run.value
@@ -104,11 +105,12 @@ def _plan(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {path}")
     if args.largest_batch:
-        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin)
+        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin, args.options)
     return 0
 
 
-def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, safety_margin: float) -> None:
+def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, safety_margin: float,
+                     options: ConservationOptions) -> None:
     """Print the largest batch that trains two steps without and with seqmem (real OOM, a process per probe)."""
     from tqdm import tqdm
 
@@ -118,7 +120,8 @@ def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, saf
 
     found = {}
     for label, optimized in (("without seqmem", False), ("with seqmem", True)):
-        workload = Workload(cli_jobs.model_step, (("source", model),), optimized, budget_mb, safety_margin)
+        workload = Workload(cli_jobs.model_step, (("source", model),), optimized, budget_mb, safety_margin,
+                            kinds=options.kinds, compression=options.compression)
         with tqdm(desc=f"largest batch {label}", unit="probe", file=sys.stdout) as progress:
             search = largest_batch(trains, workload, budget_mb=budget_mb, limit=max_batch,
                                    start=min(max(found.get("without seqmem", start), 1), max_batch), precision=0.1,
@@ -149,7 +152,7 @@ def _demo(args: argparse.Namespace) -> int:
         argparse.Namespace(model="example:cnn", batch=64, device_mb=4096, png=png),
         argparse.Namespace(model="example:resnet", batch=256, budget_mb=200, json=os.path.join(args.out, "plan.json"),
                            png=os.path.join(args.out, "plan-resnet.png"), safety_margin=0.3, largest_batch=True,
-                           max_batch=2048),
+                           max_batch=2048, options=ConservationOptions()),
     ]
     print("1/3: profile a built-in step (a CNN) and measure its peak")
     if _profile(steps[0]):
@@ -194,6 +197,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--largest-batch", action="store_true",
                       help="also find the largest batch that trains without and with seqmem (minutes)")
     plan.add_argument("--max-batch", type=_positive_int, default=4096, help="upper limit of --largest-batch")
+    plan.add_argument("--kinds", default="swap",
+                      help=f"how tensors may be conserved, comma-separated, of {', '.join(KINDS)} (default: swap)")
+    plan.add_argument("--compression", help="float16 or bfloat16: the dtype of the compressing kinds")
     plan.set_defaults(run=_plan)
     accuracy = commands.add_parser("accuracy", help="predicted vs measured peak of the built-in examples")
     accuracy.add_argument("--case", action="append", type=_parse_case,
@@ -213,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= getattr(args, "safety_margin", 0.0) < 1:
         parser.error(f"--safety-margin must be in [0, 1), got {args.safety_margin}")
+    if args.command == "plan":
+        try:
+            args.options = ConservationOptions(tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+                                               args.compression)
+        except ValueError as error:
+            parser.error(f"--kinds/--compression: {error}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter in the child processes
     return args.run(args)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from seqmem.swap.plan import ConservationOptions
+
 __all__ = ["example_step", "model_step", "plan_step", "profile_step"]
 
 
@@ -40,16 +42,19 @@ def profile_step(source: str, batch: int, png_path: Optional[str]) -> str:
 
 
 def plan_step(source: str, batch: int, budget_mb: float, json_path: Optional[str], png_path: Optional[str],
-              safety_margin: float = 0.2) -> tuple[int, str]:
-    """Optimize the step of `source` at `batch` for `budget_mb` MiB (calibrated on this device) and train two
-    steps with it; returns (the measured peak bytes of those steps, the plan's summary)."""
+              safety_margin: float = 0.2, options: Optional[ConservationOptions] = None) -> tuple[int, str]:
+    """Optimize the step of `source` at `batch` for `budget_mb` MiB (calibrated on this device; conserving
+    tensors as `options` allow, default: swap) and train two steps with it; returns (the measured peak bytes of
+    those steps, the plan's summary)."""
     from seqmem.files import write_text
     from seqmem.plot import plot_plan
     from seqmem.runtime import device
     from seqmem.runtime.optimize import optimize
 
     step, inputs, specs = model_step(batch, source)
-    optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs, safety_margin=safety_margin)
+    options = options or ConservationOptions()
+    optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs, safety_margin=safety_margin,
+                         kinds=options.kinds, compression=options.compression)
     device.reset_peak()
     for _ in range(2):
         float(optimized(*inputs))

@@ -4,8 +4,10 @@ On the emulated device (every probe a fresh process, real OOM), for a ResNet
 training step (SGD with momentum, synthetic images):
 
 - Table 1(a): the largest batch that trains two full steps under --budget-mb for
-  the baseline, seqmem.optimize, and tf.recompute_grad around every residual
-  block (the peer); B_limit, the largest batch at which the most memory-hungry
+  the baseline and each of --variants: seqmem.optimize swapping ("seqmem"),
+  swapping and recomputing ("seqmem-lossless"), also compressing to float16
+  ("seqmem-fp16"), and tf.recompute_grad around every residual block (the
+  peer, "recompute"); B_limit, the largest batch at which the most memory-hungry
   op alone (inputs, outputs, scratch, plus persistent memory) fits; measured and
   predicted peaks and throughput at B_base, and seqmem's throughput at B_opt.
 - Table 1(b): measured peak at --depth-batch for deeper networks, without and
@@ -37,14 +39,20 @@ from seqmem.files import write_json
 from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
 
-VARIANTS = ("baseline", "seqmem", "recompute")
+VARIANTS = ("baseline", "seqmem", "seqmem-lossless", "seqmem-fp16", "recompute")
+# how each seqmem variant may conserve a tensor (see seqmem.optimize)
+SEQMEM_KINDS = {
+    "seqmem": {"kinds": ("swap",)},
+    "seqmem-lossless": {"kinds": ("swap", "recompute")},
+    "seqmem-fp16": {"kinds": ("swap", "recompute", "compress", "compress+swap"), "compression": "float16"},
+}
 
 
-def training_step(batch: int, depth: int, image_size: int, classes: int, recompute: bool = False):
-    """(step, inputs, input specs) of one ResNet training step; `recompute`: tf.recompute_grad per block."""
+def model_and_step(batch: int, depth: int, image_size: int, classes: int, recompute: bool = False):
+    """(Keras model, training step, input specs) of one ResNet training step, SGD with momentum;
+    `recompute`: tf.recompute_grad per block. The step takes (images, labels) and returns the loss."""
     import tensorflow as tf
 
-    from models.resnet.data import synthetic_batch
     from models.resnet.model import resnet
 
     tf.keras.utils.set_random_seed(0)
@@ -60,14 +68,23 @@ def training_step(batch: int, depth: int, image_size: int, classes: int, recompu
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
+    return model, step, specs
+
+
+def training_step(batch: int, depth: int, image_size: int, classes: int, recompute: bool = False):
+    """(step, inputs, input specs) of `model_and_step`'s step on a synthetic batch: a `bench.workload` builder."""
+    from models.resnet.data import synthetic_batch
+
+    _, step, specs = model_and_step(batch, depth, image_size, classes, recompute)
     return step, synthetic_batch(batch, image_size, classes), specs
 
 
 def workload(variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> Workload:
-    """One of VARIANTS as a benchmark workload: seqmem's step is optimized for `budget_mb`."""
+    """One of VARIANTS as a benchmark workload: seqmem's steps are optimized for `budget_mb`."""
     options = (("depth", depth), ("image_size", image_size), ("classes", classes),
                ("recompute", variant == "recompute"))
-    return Workload(training_step, options, optimized=variant == "seqmem", budget_mb=budget_mb)
+    return Workload(training_step, options, optimized=variant in SEQMEM_KINDS, budget_mb=budget_mb,
+                    **SEQMEM_KINDS.get(variant, {}))
 
 
 def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
@@ -139,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", type=float, default=0.03,
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
     parser.add_argument("--tables", choices=("a", "b", "ab"), default="ab", help="which of Table 1(a) and 1(b) to run")
-    parser.add_argument("--no-recompute", action="store_true", help="leave the tf.recompute_grad peer out of Table 1(a)")
+    parser.add_argument("--variants", default="seqmem,recompute",
+                        help=f"Table 1(a)'s variants besides the baseline, comma-separated, of {VARIANTS[1:]}")
     parser.add_argument("--depths", default="101,200,1001,2000", help="networks of Table 1(b), comma-separated")
     parser.add_argument("--depth-batch", type=int, default=8, help="batch of Table 1(b)")
     parser.add_argument("--depth-image-size", type=int, default=32, help="image size of Table 1(b)")
@@ -167,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("sizes, budgets, batches, depths, the timeout, jobs and runs must be positive")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
+    others = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if not others or not set(others) <= set(VARIANTS[1:]):
+        parser.error(f"--variants must be a comma-separated selection of {VARIANTS[1:]}, got {args.variants!r}")
     from models.resnet.model import IMAGENET_STAGES
 
     for depth in [args.depth] + depths:
@@ -201,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
             guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
             table_a["baseline"] = search("baseline", min(guess, args.max_batch))
             base = table_a["baseline"]["batch"]
-            others = ("seqmem",) if args.no_recompute else ("seqmem", "recompute")
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
                 table_a.update(zip(others, pool.map(lambda variant: search(variant, max(base, 1)), others)))
             if base and not args.batches_only:
@@ -212,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
                                    args.budget_mb, budget_mb=2 * args.budget_mb)
                     report["at_base"][variant] = value_or_verdict(measured)
-                opt = table_a["seqmem"]["batch"]
+                opt = table_a.get("seqmem", {}).get("batch")
                 if opt:
                     measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
                                    args.budget_mb, budget_mb=args.budget_mb)
@@ -253,22 +273,27 @@ def format_report(report: dict[str, Any]) -> str:
 def _format_table_a(report: dict[str, Any]) -> list[str]:
     """Table 1(a) lines: batches, the graph bound, notes, and the measurements at B_base and B_opt."""
     args, table_a = report["args"], report["table_a"]
-    base, opt, rec = (table_a.get(v, {}).get("batch", "-") for v in VARIANTS)
+    base = table_a.get("baseline", {}).get("batch", "-")
     limit = table_a["limit"].get("batch", "-")
+    searched = [v for v in VARIANTS[1:] if v in table_a]
     lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
              f"emulated device {args['budget_mb']} MB (largest batch that {search_settings(args)})",
-             "| B_base | B_opt (seqmem) | B_opt / B_base | B_recompute | B_limit | B_opt / B_limit |",
-             "|---:|---:|---:|---:|---:|---:|",
-             f"| {base} | {opt} | {ratio(opt, base)} | {rec} | {limit} | {ratio(opt, limit)} |"]
+             "| variant | largest batch | / B_base | / B_limit |", "|---|---:|---:|---:|",
+             f"| baseline (B_base) | {base} | 1.00x | {ratio(base, limit)} |"]
+    for variant in searched:
+        batch = table_a[variant].get("batch", "-")
+        lines.append(f"| {variant} | {batch} | {ratio(batch, base)} | {ratio(batch, limit)} |")
+    lines.append(f"| graph bound (B_limit) | {limit} | {ratio(limit, base)} | 1.00x |")
     if table_a["limit"].get("op"):
         lines.append(f"B_limit is set by `{table_a['limit']['op']}` (graph bound, not measured)")
     for variant in VARIANTS:
         for note in table_a.get(variant, {}).get("notes", ()):
             lines.append(f"note ({variant}): {note}")
     if report["at_base"]:
+        opt = table_a.get("seqmem", {}).get("batch")
         lines += ["", f"At B_base = {base}, in an arena of twice the budget (measured peak: max of 3 steps; "
                       "throughput: median step); seqmem at B_opt under the budget:",
-                  "| variant | measured peak (MB) | predicted peak (MB) | swaps | images/s | vs baseline |",
+                  "| variant | measured peak (MB) | predicted peak (MB) | conserved | images/s | vs baseline |",
                   "|---|---:|---:|---:|---:|---:|"]
         reference = report["at_base"]["baseline"].get("images_per_s")
         rows = list(report["at_base"].items())

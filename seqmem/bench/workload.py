@@ -24,7 +24,8 @@ class Workload:
     concrete inputs, and their TensorSpecs.
     options: keyword arguments of `build`, as (name, value) pairs.
     optimized: run the step through `seqmem.optimize` for `budget_mb` (MiB),
-    with `safety_margin`.
+    with `safety_margin`, conserving tensors by `kinds` (with `compression`
+    for the lossy ones; see `optimize`).
     """
 
     build: Callable[..., tuple[Any, Any, Any]]
@@ -32,6 +33,8 @@ class Workload:
     optimized: bool
     budget_mb: int
     safety_margin: float = 0.2
+    kinds: tuple[str, ...] = ("swap",)
+    compression: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Runnable:
     """A workload's step at one batch, callable on `inputs`.
 
     predicted_peak_bytes: seqmem's prediction (None unless asked for);
-    swaps: tensors and loop accumulators the plan swaps (0 for unoptimized steps).
+    swaps: tensors the plan conserves (any kind) and loop accumulators it swaps (0 for unoptimized steps).
     """
 
     step: Any
@@ -59,7 +62,8 @@ def runnable(workload: Workload, batch: int, predict: bool = False) -> Runnable:
         from seqmem.runtime.optimize import optimize
 
         optimized = optimize(step, workload.budget_mb, input_signature=specs, sample_inputs=inputs,
-                             safety_margin=workload.safety_margin)
+                             safety_margin=workload.safety_margin, kinds=workload.kinds,
+                             compression=workload.compression)
         plan = optimized.plan
         return Runnable(optimized, inputs, plan.predicted_peak_after_bytes, len(plan.decisions) + len(plan.loop_swaps))
     predicted = None

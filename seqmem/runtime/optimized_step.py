@@ -6,6 +6,7 @@ original variable handles mapped in, so variables update in place.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -16,10 +17,14 @@ from seqmem.edge import capture
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
 from seqmem.swap.plan import SwapPlan
-from seqmem.swap.rewrite import SwapBackend, rewrite
+from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
 from seqmem.units import MIB
 
 __all__ = ["OptimizedStep", "build_step", "graph_def_runner"]
+
+# a swap-in's ParseTensor, in the step (`seqmem.swap.rewrite`) or in a loop body (`seqmem.edge.loop_swap`)
+_PARSE_FAILED = re.compile(r"Cannot parse tensor from proto:.*\[\[\{\{node ([^}]*(?:"
+                           + SWAP_SCOPE + r"/[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
 
 
 class OptimizedStep:
@@ -45,6 +50,8 @@ class OptimizedStep:
             self._run = original if unchanged else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
+        """Run the step. Raises ResourceExhaustedError, with the plan's prediction, when the device runs out
+        of memory, also where a swap-in on the emulated device reports it as a tensor it cannot parse."""
         if self._run is None:
             raise TypeError("this step came from a graph: run .graph_def in a tf.compat.v1.Session")
         try:
@@ -53,12 +60,20 @@ class OptimizedStep:
             outputs = self._run(*tf.nest.flatten(args))
             return tf.nest.pack_sequence_as(self.function.structured_outputs, outputs)
         except tf.errors.ResourceExhaustedError as error:
-            raise type(error)(
-                error.node_def, error.op,
-                f"{error.message}\nseqmem: the plan predicted a peak of "
-                f"{self.plan.predicted_peak_after_bytes / MIB:.1f} MB for a budget of "
-                f"{self.plan.budget_bytes / MIB:.1f} MB",
-            ) from None
+            failure, message = error, error.message
+        except tf.errors.InvalidArgumentError as error:
+            restoring = _PARSE_FAILED.search(error.message)
+            if restoring is None:
+                raise
+            # ParseTensor makes its output with Tensor::FromProto, which reports a failed allocation as a
+            # proto it cannot parse (and quotes the whole tensor)
+            failure = error
+            message = f"OOM restoring a swapped tensor in {restoring.group(1)} (ParseTensor could not allocate it)"
+        raise tf.errors.ResourceExhaustedError(
+            failure.node_def, failure.op,
+            f"{message}\nseqmem: the plan predicted a peak of {self.plan.predicted_peak_after_bytes / MIB:.1f} MB "
+            f"for a budget of {self.plan.budget_bytes / MIB:.1f} MB",
+        ) from None
 
 
 def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,

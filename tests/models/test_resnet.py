@@ -87,7 +87,8 @@ def test_image_folder_bad_input(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--depth", "12"], ["--budget-mb", "0"], ["--depths", "101,x"],
-                                  ["--precision", "1.5"], ["--runs", "0"], ["--frobnicate"]])
+                                  ["--precision", "1.5"], ["--runs", "0"], ["--variants", "seqmem,fold"],
+                                  ["--variants", ","], ["--frobnicate"]])
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(argv)
@@ -101,7 +102,7 @@ def test_benchmark_finds_a_larger_batch_with_seqmem_by_real_oom(tmp_path, capsys
     # the smallest configuration that shows the effect (measured on one stream, 2026-11-22: B_base 44-53 in
     # 4 runs, B_opt 86-112 in 3; the search stops at 96, within 50%); the measurements at B_base are the
     # shared `seqmem.bench.workload.measure`, tested through the NMT benchmark
-    argv = ["--tables", "a", "--no-recompute", "--depth", "20", "--image-size", "32", "--classes", "10",
+    argv = ["--tables", "a", "--variants", "seqmem", "--depth", "20", "--image-size", "32", "--classes", "10",
             "--budget-mb", "256", "--max-batch", "96", "--precision", "0.5", "--runs", "1", "--batches-only",
             "--out", str(tmp_path)]
     assert benchmark.main(argv) == 0
@@ -113,6 +114,17 @@ def test_benchmark_finds_a_larger_batch_with_seqmem_by_real_oom(tmp_path, capsys
     assert report["at_base"] == {} and not (tmp_path / "resnet-memory.png").exists()
     printed = capsys.readouterr().out
     assert "Table 1(a)" in printed and "trains two steps in a fresh process, real OOM, one stream" in printed
+
+
+def test_report_of_table_a_lists_every_searched_variant():
+    args = {"depth": 50, "image_size": 64, "classes": 1000, "budget_mb": 1024, "runs": 3, "precision": 0.03,
+            "executor": "one-stream"}
+    table_a = {"limit": {"batch": 400, "op": "Conv2DBackpropInput 'x'"}, "baseline": {"batch": 50, "notes": []},
+               "seqmem": {"batch": 200, "notes": []}, "seqmem-fp16": {"batch": 300, "notes": ["probe 310: oom"]}}
+    printed = benchmark.format_report({"args": args, "table_a": table_a, "at_base": {}, "at_opt": {}, "table_b": []})
+    assert "| baseline (B_base) | 50 | 1.00x | 0.12x |" in printed
+    assert "| seqmem | 200 | 4.00x | 0.50x |" in printed and "| seqmem-fp16 | 300 | 6.00x | 0.75x |" in printed
+    assert "seqmem-lossless" not in printed and "note (seqmem-fp16): probe 310: oom" in printed
 
 
 def test_report_with_table_b_only():

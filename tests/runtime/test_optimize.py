@@ -130,3 +130,29 @@ def test_tf1_graph_gets_a_rewritten_graph_def_that_computes_the_same():
                 results.append(session.run(fetches, feed))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_swap_in_that_cannot_allocate_is_reported_as_out_of_memory():
+    # on the emulated device ParseTensor reports a failed allocation as a proto it cannot parse
+    from seqmem.runtime.optimized_step import OptimizedStep
+    from seqmem.swap.plan import SwapPlan
+
+    step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), None)
+
+    def parse_fails(*args):
+        raise tf.errors.InvalidArgumentError(None, None, "Cannot parse tensor from proto: dtype: DT_HALF\n"
+                                             'tensor_content: "\\000\\001"\n\t [[{{node seqmem/seqmem_swap/6_add_0/in/'
+                                             "parse}}]] [Op:__inference_wrapped_function_61]")
+
+    step._run = parse_fails
+    with pytest.raises(tf.errors.ResourceExhaustedError,
+                       match=r"OOM restoring a swapped tensor in seqmem/seqmem_swap/6_add_0/in/parse .*\n"
+                             r"seqmem: the plan predicted a peak of 90.0 MB for a budget of 100.0 MB"):
+        step()
+
+    def other_error(*args):
+        raise tf.errors.InvalidArgumentError(None, None, "Cannot parse tensor from proto: [[{{node mine/parse}}]]")
+
+    step._run = other_error
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step()
