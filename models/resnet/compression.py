@@ -93,7 +93,7 @@ def loss_chart(path: str, runs: dict[str, dict[str, Any]], title: str) -> str:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, run in runs.items():
         if "losses" in run:
-            axes.plot(run["losses"], label=f"{name} (final {final_loss(run['losses']):.4f})", linewidth=1)
+            axes.plot(run["losses"], label=f"{name} (final {final_loss(run['losses']):.4g})", linewidth=1)
     axes.set_yscale("log")
     axes.set_xlabel("training step")
     axes.set_ylabel("loss")
@@ -142,7 +142,7 @@ def format_row(name: str, run: dict[str, Any]) -> str:
     """One run as a Markdown table row: name, kinds, final loss, training accuracy."""
     if "error" in run:
         return f"| {name} | {run['error']} | - | - |"
-    return f"| {name} | {', '.join(run['kinds']) or '-'} | {final_loss(run['losses']):.4f} | {run['accuracy']:.3f} |"
+    return f"| {name} | {', '.join(run['kinds']) or '-'} | {final_loss(run['losses']):.4g} | {run['accuracy']:.3f} |"
 
 
 if __name__ == "__main__":

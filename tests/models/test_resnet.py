@@ -127,6 +127,32 @@ def test_report_of_table_a_lists_every_searched_variant():
     assert "seqmem-lossless" not in printed and "note (seqmem-fp16): probe 310: oom" in printed
 
 
+def test_report_measures_every_kind_at_a_common_batch():
+    args = {"depth": 20, "image_size": 32, "classes": 10, "budget_mb": 256, "runs": 1, "precision": 0.1}
+    measured = {"peak_bytes": 200 << 20, "predicted_peak_bytes": 190 << 20, "swaps": 12, "images_per_s": 50.0}
+    report = {"args": args, "table_a": {"limit": {"batch": 300}, "baseline": {"batch": 44}, "seqmem": {"batch": 150},
+                                        "seqmem-fp16": {"batch": 132}},
+              "at_base": {"baseline": {**measured, "swaps": 0, "images_per_s": 100.0}}, "at_opt": {},
+              "at_common": {"batch": 132, "rows": {"seqmem": measured, "seqmem-fp16": {"error": "oom", "message": ""}}},
+              "table_b": []}
+    printed = benchmark.format_report(report)
+    assert "At batch 132, the largest every seqmem variant trains" in printed
+    assert "| seqmem | 200 | 190 | 12 | 50.0 | 0.50x |" in printed and "| seqmem-fp16 | oom | - | - | - | - |" in printed
+
+
+def test_compression_run_reports_final_loss_and_refuses_bad_flags(capsys):
+    from models.resnet import compression
+
+    assert compression.final_loss([4.0] * 90 + [1.0] * 10) == 1.0 and compression.final_loss([3.0]) == 3.0
+    row = compression.format_row("float16", {"losses": [2.0, 1.0], "accuracy": 0.5, "kinds": ["compress"]})
+    assert row == "| float16 | compress | 1 | 0.500 |"
+    assert compression.format_row("bfloat16", {"error": "oom"}) == "| bfloat16 | oom | - | - |"
+    for argv in (["--depth", "12"], ["--steps", "0"], ["--frobnicate"]):
+        with pytest.raises(SystemExit) as exit_info:
+            compression.main(argv)
+        assert exit_info.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
 def test_report_with_table_b_only():
     row = {"depth": 1001, "baseline": {"error": "oom", "message": ""},
            "seqmem": {"peak_bytes": 1400 << 20, "predicted_peak_bytes": 1200 << 20, "swaps": 157}}
