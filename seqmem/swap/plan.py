@@ -70,6 +70,7 @@ class ConservationOptions:
             raise ValueError(f"max_decisions must be a non-negative int or None, got {self.max_decisions!r}")
 
     def describe(self) -> str:
+        """One line for `SwapPlan.summary`: "options: kinds swap, recompute; tensors of at least 65536 bytes"."""
         limits = [f"kinds {', '.join(self.kinds)}"]
         if self.compression:
             limits.append(f"compression to {self.compression}")
