@@ -133,7 +133,7 @@ def _restore_bytes(graph: Graph, decision: SwapDecision) -> int:
     """Transient device bytes restoring `decision`'s tensor needs besides the copy: the swapped-in
     compressed copy being cast back, or a recomputed chain's other outputs."""
     if decision.kind == "compress+swap":
-        return (decision.size_bytes + 1) // 2
+        return decision.compressed_bytes
     if decision.kind == "recompute":
         outputs = sum(info.size_bytes or 0 for name in decision.recompute for info in graph.node(name).outputs)
         return max(0, outputs - decision.size_bytes)
@@ -387,6 +387,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
     first_use_s = timing.start_s[consumers[0]]
     compressed = (size + 1) // 2
     cast_s = (size + compressed) / machine.memory_bytes_per_s  # one cast, either way
+    transfer_s = transfer_time_s({"swap": size, "compress+swap": compressed}.get(kind, 0), machine)
     reads: frozenset[TensorRef] = frozenset()
     chain: tuple[str, ...] = ()
     if kind in LOSSY_KINDS and graph.tensor(ref).dtype != "float32":
@@ -398,25 +399,22 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         chain, reads = found
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:
-        moved = {"swap": size, "compress+swap": compressed}.get(kind, 0)
-        lead_s = transfer_time_s(moved, machine) + (cast_s if kind in LOSSY_KINDS else 0.0)
+        lead_s = transfer_s + (cast_s if kind in LOSSY_KINDS else 0.0)
     trigger, hidden = triggers.choose(consumers, lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
     if kind in ("swap", "compress+swap") and not hidden and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
     if kind == "recompute":
-        cost_s, restore = lead_s, sum(info.size_bytes or 0 for name in chain for info in graph.node(name).outputs) - size
+        cost_s = lead_s
     elif kind == "compress":
-        cost_s, restore = 2 * cast_s, 0
+        cost_s = 2 * cast_s
     else:
         unhidden_s = max(0.0, timing.completion_s[trigger] + lead_s - first_use_s)
         cost_s = unhidden_s + (2 * cast_s if kind == "compress+swap" else 0.0)
-        restore = compressed if kind == "compress+swap" else 0
-    transfer_s = transfer_time_s({"swap": size, "compress+swap": compressed}.get(kind, 0), machine)
     decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
                             compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain)
-    return _Option(decision, position[trigger] + 1, max(0, restore), reads)
+    return _Option(decision, position[trigger] + 1, _restore_bytes(graph, decision), reads)
 
 
 def _recompute_chain(analysis: StepAnalysis, ref: TensorRef, deadline: int, position: Mapping[str, int],

@@ -108,9 +108,14 @@ class SwapDecision:
     recompute: tuple[str, ...] = ()
 
     @property
+    def compressed_bytes(self) -> int:
+        """Bytes of the tensor cast to `compressed_dtype` (a 16-bit type: half, rounded up)."""
+        return (self.size_bytes + 1) // 2
+
+    @property
     def resident_bytes(self) -> int:
         """Bytes the tensor keeps on the device between its uses."""
-        return (self.size_bytes + 1) // 2 if self.kind == "compress" else 0
+        return self.compressed_bytes if self.kind == "compress" else 0
 
     @property
     def saved_bytes(self) -> int:

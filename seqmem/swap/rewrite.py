@@ -100,7 +100,7 @@ def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBac
     in_nodes: list[Node] = []
     moved, moved_info, out_after = ref, info, ref.node
     if decision.compressed_dtype is not None:
-        moved_info = TensorInfo(decision.compressed_dtype, info.shape, (decision.size_bytes + 1) // 2)
+        moved_info = TensorInfo(decision.compressed_dtype, info.shape, decision.compressed_bytes)
         after: tuple[str, ...] = ()
         if decision.kind == "compress":  # kept on the device: cast once the forward readers are done with it
             after = tuple(sorted({r for r in graph.consumers(ref) if r not in decision.consumers
