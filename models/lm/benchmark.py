@@ -7,8 +7,8 @@ a fresh process, real OOM), the largest batch that trains two full steps under
 --budget-mb for:
 
     base        tf.keras.layers.LSTM                                   (B_base)
-    swap        base, and seqmem.optimize (feature maps only: Keras' LSTM loops run
-                inside its functions, where seqmem does not swap yet)
+    swap        base, and seqmem.optimize (the loops' accumulators swapped, then
+                feature maps)
     efficient   seqmem.MemoryEfficientLSTM: gates recomputed in backward
     both        efficient, and seqmem.optimize (its loops' accumulators swapped)
 

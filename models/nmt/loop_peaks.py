@@ -6,8 +6,7 @@ tfa's or seqmem's attention) and "lstm" (the built-in lstm example, batch 64).
 "Bounded" is `seqmem.optimize` at a budget the step fits (no swaps, every loop
 at `loop_parallel_iterations=1`); "bounded, lists swapped" adds
 `seqmem.edge.loop_swap` on every accumulator it can swap, as `optimize` does
-for a budget the bounded step exceeds (the lstm example has none it can: its
-loops run inside Keras' functions). Each setting runs in --runs fresh
+for a budget the bounded step exceeds. Each setting runs in --runs fresh
 emulated-device processes (2048 MB); each process reports the lowest, median
 and highest peak of --steps steps after a warm-up, the median step time, and
 seqmem's predicted peak (with every list swapped for the third setting, as

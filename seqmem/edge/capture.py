@@ -27,7 +27,7 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 
 __all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
 
@@ -39,7 +39,6 @@ _LIST_PASSTHROUGH_OPS = frozenset({
     "TensorListScatterIntoExistingList",
     "TensorListSetItem",
 })
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 _MAX_VARIANT_DEPTH = 64
 
 
@@ -224,7 +223,7 @@ class _VariantSizer:
                 return 0  # a gradient loop consuming saved activations: the list leaves it empty
             trip_count = 1 if pushed and all(v.type == "ReadVariableOp" for v in pushed) else self._trip_count(op)
             return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True)
-        if op.type in _CALL_OPS:
+        if op.type in FUNCTION_CALL_OPS:
             body = self._body(op.get_attr("f").name)
             if body is None or index >= len(body.outputs):
                 return None

@@ -4,6 +4,12 @@ A function already registered in TensorFlow's runtime cannot be redefined
 under its own name, so an edited function gets a copy `<name><suffix>`, and so
 does every function that calls one (directly, as a loop body or branch, or
 through a call op), up to the graph; each reference then follows the copy.
+
+A copy no longer stands for an API: Keras marks its LSTM and GRU functions
+with `api_implements`, and Grappler's implementation selector replaces a call
+of such a function with an equivalent registered one for the device (on CPU,
+the unedited original still in the runtime's library). Copies drop those
+attributes, so the edited function is the one that runs.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ from collections.abc import Iterable
 
 from tensorflow.core.framework import function_pb2, node_def_pb2
 
-__all__ = ["copies_for", "follow_copies", "rename_functions"]
+__all__ = ["called_functions", "copies_for", "follow_copies", "rename_functions"]
+
+# FunctionDef attributes by which Grappler's implementation selector swaps a function for an equivalent one
+_API_ATTRIBUTES = ("api_implements", "api_preferred_device", "backward_function_name", "forward_function_name")
 
 
-def _called_functions(node: node_def_pb2.NodeDef) -> set[str]:
+def called_functions(node: node_def_pb2.NodeDef) -> set[str]:
     """Names `node` may call: its op, and every function-valued attribute (a call's `f`, a loop's `body`
     and `cond`, a conditional's branches)."""
     names = {node.op}
@@ -28,7 +37,7 @@ def _called_functions(node: node_def_pb2.NodeDef) -> set[str]:
 
 def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:
     """{name: copy's name} for the `edited` functions and every function that calls one, transitively."""
-    calls = {f.signature.name: {name for n in f.node_def for name in _called_functions(n)} for f in library.function}
+    calls = {f.signature.name: {name for n in f.node_def for name in called_functions(n)} for f in library.function}
     to_copy = set(edited)
     grew = True
     while grew:
@@ -52,10 +61,13 @@ def follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]
 
 
 def rename_functions(library: function_pb2.FunctionDefLibrary, renamed: dict[str, str]) -> None:
-    """Rename the library's functions and gradient entries by `renamed`, and follow the copies inside
-    (in place)."""
+    """Rename the library's functions and gradient entries by `renamed`, drop the renamed ones' API
+    attributes (module docstring), and follow the copies inside (in place)."""
     for function in library.function:
-        function.signature.name = renamed.get(function.signature.name, function.signature.name)
+        if function.signature.name in renamed:
+            function.signature.name = renamed[function.signature.name]
+            for name in _API_ATTRIBUTES:
+                function.attr.pop(name, None)
         follow_copies(function.node_def, renamed)
     for gradient in library.gradient:
         gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)

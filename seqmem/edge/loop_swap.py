@@ -14,23 +14,29 @@ element back as it reaches it (one at a time with the loops bounded, see
 `seqmem.edge.loops`). The bodies are edited in renamed copies
 (`seqmem.edge.library`).
 
-Candidates (`loop_accumulators`): loops in the graph itself (tfa's decoders, a
-`tf.while_loop` in the step; not loops inside called functions, such as Keras'
-LSTM), float accumulators whose pushed value is computed in the loop (a
-variable read shares the variable's buffer: swapping it frees nothing), whose
-forward loop output feeds only one gradient loop, which only pops from it.
+Candidates (`loop_accumulators`): loops in the graph (tfa's decoders, a
+`tf.while_loop` in the step) and loops inside called functions (Keras' LSTM and
+GRU run theirs in a function whose outputs include the lists, read by the
+function that runs the gradient loop), float accumulators whose pushed value is
+computed in the loop (a variable read shares the variable's buffer: swapping it
+frees nothing), whose list reaches exactly one gradient loop, which only pops
+from it, through no other reader on the way. Every function on that way must be
+called from one place only, so that editing it changes nothing else.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 
 from seqmem.edge import library
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import LoopSwap
 
 __all__ = ["loop_accumulators", "swap_loop_accumulators"]
@@ -40,77 +46,170 @@ _FLOAT_TYPES = frozenset({tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_e
 _SUFFIX = "_seqmem_swapped"
 
 
+class _Scope:
+    """The nodes of the graph (`function` None) or of one library function, and how they name tensors:
+    "node:index" in a graph, "node:output_arg:index" in a function (a While's or a call's outputs are its
+    "output" list), a function argument by its name."""
+
+    def __init__(self, nodes: Sequence[node_def_pb2.NodeDef], function: Optional[function_pb2.FunctionDef] = None):
+        self.function = function
+        self.nodes = {n.name: n for n in nodes}
+        self._readers: dict[str, list[tuple[node_def_pb2.NodeDef, int]]] = {}
+        for node in nodes:
+            for position, name in enumerate(node.input):
+                self._readers.setdefault(self.canonical(name), []).append((node, position))
+
+    def canonical(self, name: str) -> str:
+        return name if self.function is not None or name.startswith("^") or ":" in name else f"{name}:0"
+
+    def output(self, node: node_def_pb2.NodeDef, index: int) -> str:
+        return f"{node.name}:{index}" if self.function is None else f"{node.name}:output:{index}"
+
+    def producer(self, name: str) -> tuple[Optional[node_def_pb2.NodeDef], int]:
+        """The node making tensor `name` and its index in the node's output arg (None for an argument)."""
+        parts = self.canonical(name).split(":")
+        return (self.nodes.get(parts[0]), int(parts[-1])) if len(parts) > 1 else (None, 0)
+
+    def readers(self, name: str) -> list[tuple[node_def_pb2.NodeDef, int]]:
+        """(node, input position) of every node reading tensor `name`, and (None, -1) per function output."""
+        returned = [] if self.function is None else [(None, -1) for v in self.function.ret.values() if v == name]
+        return self._readers.get(self.canonical(name), []) + returned
+
+    def add(self, node: node_def_pb2.NodeDef, graph_def: graph_pb2.GraphDef) -> str:
+        """Add `node` to this scope (of `graph_def`); the name of its first output."""
+        (graph_def.node if self.function is None else self.function.node_def).append(node)
+        return self.output(node, 0)
+
+
+@dataclass
+class _Accumulator:
+    """Where one candidate is made and filled (`scope`, `source`, the forward loop's `body` at `forward_index`)
+    and emptied (the gradient loop's `gradient_body` at `gradient_index`)."""
+
+    swap: LoopSwap
+    scope: _Scope
+    source: node_def_pb2.NodeDef
+    body: function_pb2.FunctionDef
+    forward_index: int
+    gradient_body: function_pb2.FunctionDef
+    gradient_index: int
+
+    def functions(self) -> set[str]:
+        """The functions the rewrite edits."""
+        edited = {self.body.signature.name, self.gradient_body.signature.name}
+        return edited | ({self.scope.function.signature.name} if self.scope.function is not None else set())
+
+
 def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
     """The accumulators of `graph_def`'s loops that can be swapped (see the module docstring)."""
-    nodes = {n.name: n for n in graph_def.node}
-    functions = {f.signature.name: f for f in graph_def.library.function}
-    readers: dict[str, list[tuple[str, int]]] = {}  # "node:index" -> [(reader, input position)]
-    for node in graph_def.node:
-        for position, name in enumerate(node.input):
-            readers.setdefault(_tensor(name), []).append((node.name, position))
-    found = []
-    for forward in graph_def.node:
-        if forward.op not in FUNCTIONAL_LOOP_OPS:
-            continue
-        body = functions.get(forward.attr["body"].func.name)
-        if body is None:  # a body outside the graph's library: nothing to edit
-            continue
-        for index, name in enumerate(forward.input):
-            source = nodes.get(_tensor(name).rsplit(":", 1)[0])
-            if source is None or source.op != "EmptyTensorList" or _tensor(name) != f"{source.name}:0":
-                continue
-            if source.attr["element_dtype"].type not in _FLOAT_TYPES or not _pushes_a_computed_value(body, index):
-                continue
-            gradient = readers.get(f"{forward.name}:{index}", [])
-            if len(gradient) != 1 or nodes[gradient[0][0]].op not in FUNCTIONAL_LOOP_OPS:
-                continue
-            gradient_loop, gradient_index = gradient[0]
-            gradient_body = functions.get(nodes[gradient_loop].attr["body"].func.name)
-            if gradient_body is None or not _pops(gradient_body, gradient_index):
-                continue
-            shape = _element_shape(nodes, source)
-            dtype = tf.dtypes.as_dtype(source.attr["element_dtype"].type)
-            known = shape is not None and None not in shape
-            found.append(LoopSwap(source.name, forward.name, index, gradient_loop, gradient_index, dtype.name, shape,
-                                  int(np.prod(shape, dtype=np.int64)) * dtype.size if known else None))
-    return found
+    return [found.swap for found in _accumulators(graph_def)]
 
 
 def swap_loop_accumulators(graph_def: graph_pb2.GraphDef, swaps: Sequence[LoopSwap]) -> graph_pb2.GraphDef:
     """A copy of `graph_def` in which each of `swaps` (from `loop_accumulators`) holds host buffers.
     Raises ValueError for a swap that is not among the graph's candidates."""
-    candidates = set(loop_accumulators(graph_def))
-    unknown = [swap.accumulator for swap in swaps if swap not in candidates]
-    if unknown:
-        raise ValueError(f"not swappable loop accumulators of this graph: {unknown}; take them from loop_accumulators()")
     swapped = graph_pb2.GraphDef()
     swapped.CopyFrom(graph_def)
+    found = {candidate.swap: candidate for candidate in _accumulators(swapped)}
+    unknown = [swap.accumulator for swap in swaps if swap not in found]
+    if unknown:
+        raise ValueError(f"not swappable loop accumulators of this graph: {unknown}; take them from loop_accumulators()")
     if not swaps:
         return swapped
-    nodes = {n.name: n for n in swapped.node}
-    functions = {f.signature.name: f for f in swapped.library.function}
     edited = set()
     for swap in swaps:
+        candidate = found[swap]
         dtype = tf.as_dtype(swap.dtype).as_datatype_enum
-        accumulator = nodes[swap.accumulator]
-        accumulator.attr["element_dtype"].type = tf.string.as_datatype_enum
-        shape_name = f"{swap.accumulator}/seqmem_scalar_shape"
-        swapped.node.append(_scalar_shape_const(shape_name, accumulator.device))
-        accumulator.input[0] = shape_name
-        forward_body = functions[nodes[swap.forward_loop].attr["body"].func.name]
-        _serialize_pushes(forward_body, swap.forward_index, dtype)
-        gradient_body = functions[nodes[swap.gradient_loop].attr["body"].func.name]
-        _parse_pops(gradient_body, swap.gradient_index, dtype, swap.element_shape)
-        edited |= {forward_body.signature.name, gradient_body.signature.name}
+        candidate.source.attr["element_dtype"].type = tf.string.as_datatype_enum
+        shape = _scalar_shape_const(f"{candidate.source.name}/seqmem_scalar_shape", candidate.source.device)
+        candidate.source.input[0] = candidate.scope.add(shape, swapped)
+        _serialize_pushes(candidate.body, candidate.forward_index, dtype)
+        _parse_pops(candidate.gradient_body, candidate.gradient_index, dtype, swap.element_shape)
+        edited |= candidate.functions()
     renamed = library.copies_for(swapped.library, edited, _SUFFIX)
     library.rename_functions(swapped.library, renamed)
     library.follow_copies(swapped.node, renamed)
     return swapped
 
 
-def _tensor(name: str) -> str:
-    """A GraphDef input as "node:index" (control inputs keep their "^")."""
-    return name if name.startswith("^") or ":" in name else f"{name}:0"
+def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
+    """Every candidate, with the nodes of `graph_def` that make, fill and empty it."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    calls = Counter(name for n in [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+                    for name in library.called_functions(n) if name in functions)
+    once = {name for name, count in calls.items() if count == 1}
+    graph = _Scope(graph_def.node)
+    found = []
+    for node in graph_def.node:
+        if node.op not in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS:
+            continue
+        types = node.attr["T" if node.op in FUNCTIONAL_LOOP_OPS else "Tout"].list.type
+        for index in (i for i, t in enumerate(types) if t == tf.variant.as_datatype_enum):
+            filled = _filled(graph, node, index, functions, once)
+            readers = graph.readers(graph.output(node, index))
+            emptied = _emptied(graph, readers, functions, once)
+            if filled is None or emptied is None:
+                continue
+            scope, source, body, forward_index, accumulator = filled
+            (gradient_body, gradient_index), (gradient_loop, gradient_position) = emptied, readers[0]
+            shape = _element_shape(scope, source)
+            dtype = tf.dtypes.as_dtype(source.attr["element_dtype"].type)
+            known = shape is not None and None not in shape
+            swap = LoopSwap(accumulator, node.name, index, gradient_loop.name, gradient_position, dtype.name, shape,
+                            int(np.prod(shape, dtype=np.int64)) * dtype.size if known else None)
+            found.append(_Accumulator(swap, scope, source, body, forward_index, gradient_body, gradient_index))
+    return found
+
+
+def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: dict[str, function_pb2.FunctionDef],
+            once: set[str], prefix: str = ""):
+    """(scope, EmptyTensorList, loop body, loop index, accumulator's name) of the list `node` outputs at
+    `index`: a loop filling a float list it starts empty, or a call (called once) returning such a list once
+    and nothing else reading it; None otherwise. A list made inside called functions is named by the calls'
+    path, e.g. "sequential/lstm/PartitionedCall/while/Tanh_0/accumulator"."""
+    if node.op in FUNCTIONAL_LOOP_OPS:
+        body = functions.get(node.attr["body"].func.name)
+        source, output = scope.producer(node.input[index])
+        if (body is None or body.signature.name not in once or source is None or source.op != "EmptyTensorList"
+                or output != 0 or source.attr["element_dtype"].type not in _FLOAT_TYPES
+                or not _pushes_a_computed_value(body, index)):
+            return None
+        return scope, source, body, index, prefix + source.name
+    function = _called_once(node, functions, once)
+    if function is None:
+        return None
+    inner = _Scope(function.node_def, function)
+    returned = function.ret[function.signature.output_arg[index].name]
+    producer, output = inner.producer(returned)
+    if producer is None or len(inner.readers(returned)) != 1:
+        return None
+    return _filled(inner, producer, output, functions, once, f"{prefix}{node.name}/")
+
+
+def _emptied(scope: _Scope, readers: list, functions: dict[str, function_pb2.FunctionDef], once: set[str]):
+    """(gradient loop body, its index) of the one loop that `readers` (of a list) lead to, through calls
+    (called once) that pass the list on to that loop alone; None otherwise."""
+    if len(readers) != 1 or readers[0][0] is None:
+        return None
+    node, position = readers[0]
+    if node.op in FUNCTIONAL_LOOP_OPS:
+        body = functions.get(node.attr["body"].func.name)
+        if body is None or body.signature.name not in once or _pops(body, position) is None:
+            return None
+        return body, position
+    function = _called_once(node, functions, once)
+    if function is None:
+        return None
+    inner = _Scope(function.node_def, function)
+    return _emptied(inner, inner.readers(function.signature.input_arg[position].name), functions, once)
+
+
+def _called_once(node: node_def_pb2.NodeDef, functions: dict[str, function_pb2.FunctionDef],
+                 once: set[str]) -> Optional[function_pb2.FunctionDef]:
+    """The function `node` calls, if it is a call of a library function called from nowhere else."""
+    if node.op not in FUNCTION_CALL_OPS or node.attr["f"].func.name not in once:
+        return None
+    return functions[node.attr["f"].func.name]
 
 
 def _pushes_a_computed_value(body: function_pb2.FunctionDef, index: int) -> bool:
@@ -140,9 +239,8 @@ def _pops(body: function_pb2.FunctionDef, index: int) -> list[node_def_pb2.NodeD
     return readers
 
 
-def _element_shape(nodes: dict[str, node_def_pb2.NodeDef],
-                   accumulator: node_def_pb2.NodeDef) -> tuple[int | None, ...] | None:
-    const = nodes.get(accumulator.input[0].split(":")[0])
+def _element_shape(scope: _Scope, accumulator: node_def_pb2.NodeDef) -> tuple[int | None, ...] | None:
+    const, _ = scope.producer(accumulator.input[0])
     if const is None or const.op != "Const":
         return None
     dims = tf.make_ndarray(const.attr["value"].tensor)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "FUNCTIONAL_LOOP_OPS",
+    "FUNCTION_CALL_OPS",
     "INEXPENSIVE_KERNEL_OPS",
     "INLINE_OPS",
     "INPLACE_OPS",
@@ -29,6 +30,9 @@ LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
 
 # A tf.function's while loop: one node, its body and condition functions in the library.
 FUNCTIONAL_LOOP_OPS = frozenset(["StatelessWhile", "While"])
+
+# A call of a library function (its `f` attribute), e.g. the functions Keras' LSTM and GRU run their loops in.
+FUNCTION_CALL_OPS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
 # Ops whose kernels tell TensorFlow's executor they are inexpensive
 # (OpKernel::IsExpensive() is false), so the executor runs them inline

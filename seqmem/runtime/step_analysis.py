@@ -14,7 +14,7 @@ from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.sim.simulator import simulate
 from seqmem.swap.plan import LoopSwap
 
@@ -47,7 +47,7 @@ def analyze_function(
 
 
 def _loop_accumulators(graph: Graph) -> list[LoopSwap]:
-    if not any(node.op in FUNCTIONAL_LOOP_OPS for node in graph.nodes.values()):
+    if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
         return []
     return loop_accumulators(capture.to_graph_def(graph))
 

@@ -41,3 +41,32 @@ def test_no_swaps_and_foreign_swaps(small_nmt_step):
     foreign = dataclasses.replace(loop_accumulators(graph_def)[0], forward_index=0)
     with pytest.raises(ValueError, match="not swappable loop accumulators of this graph"):
         swap_loop_accumulators(graph_def, [foreign])
+
+
+def test_loops_inside_keras_functions_are_found_and_their_copies_stand_for_no_api():
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 8), tf.keras.layers.LSTM(16, return_sequences=True,
+                                 name="lstm"), tf.keras.layers.Dense(50)], name="lm")
+    model.build((4, 6))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(x, model(x), from_logits=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([4, 6], tf.int32)).graph.as_graph_def()
+    swaps = loop_accumulators(graph_def)
+    calls = {n.name: n.op for n in graph_def.node}
+    # 6 gate and state lists of [4, 16] and the input's of [4, 8]; the iteration counter (int) is not a candidate
+    assert len(swaps) == 8 and {swap.forward_loop for swap in swaps} == {"lm/lstm/PartitionedCall"}
+    assert all(swap.accumulator.startswith("lm/lstm/PartitionedCall/while/") for swap in swaps)
+    assert all(calls[swap.gradient_loop] == "PartitionedCall" and swap.element_bytes for swap in swaps)
+    swapped = swap_loop_accumulators(graph_def, swaps)
+    copies = [f for f in swapped.library.function if f.signature.name.endswith("_seqmem_swapped")]
+    assert len(copies) == 4  # forward function and body, backward function and gradient body
+    assert not any("api_implements" in f.attr for f in copies)  # Grappler cannot trade them for the originals
+    ops = [n.op for f in swapped.library.function for n in f.node_def]
+    assert ops.count("SerializeTensor") == len(swaps) == ops.count("ParseTensor")

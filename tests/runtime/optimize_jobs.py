@@ -4,7 +4,8 @@ import numpy as np
 
 
 def equivalence(name, batch, steps=3):
-    """Optimized vs original step, same initial weights: (#swaps, losses equal, variables equal, loop bound)."""
+    """Optimized vs original step, same initial weights: (#tensors conserved, #loop accumulators swapped, losses
+    equal, variables equal, loop bound)."""
     import tensorflow as tf
 
     from seqmem.examples.steps import build_example
@@ -18,7 +19,9 @@ def equivalence(name, batch, steps=3):
     same_variables = all(
         np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
     )
-    return len(step.plan.decisions), losses == optimized_losses, same_variables, step.plan.loop_parallel_iterations
+    plan = step.plan
+    return (len(plan.decisions), len(plan.loop_swaps), losses == optimized_losses, same_variables,
+            plan.loop_parallel_iterations)
 
 
 def _optimized_below_its_peak(example, **options):

@@ -1,5 +1,6 @@
-"""`optimize` on a step whose memory lives in a loop: the NMT step's decoder accumulators are swapped element by
-element, the step trains bit-identically and fits the budget the plan was made for."""
+"""`optimize` on a step whose memory lives in a loop: the accumulators of the NMT step's decoder and of recurrent
+layers (seqmem's, and Keras' LSTM, GRU and bidirectional, whose loops run in called functions) are swapped element
+by element, the step trains bit-identically and fits the budget the plan was made for."""
 
 import numpy as np
 import pytest
@@ -64,13 +65,54 @@ def test_loop_swaps_fit_a_budget_the_bounded_step_exceeds():
     assert abs(plan.predicted_peak_after_bytes - measured) <= 0.1 * measured, values
 
 
-def test_memory_efficient_lstm_loops_are_swapped_and_train_bit_identically():
+def keras_lm_planned_and_measured(budget_mb):
+    """Child process: `optimize` a language model of two Keras LSTM layers (128 units, 35 steps, batch 64,
+    vocabulary 100) for `budget_mb`; its plan, and its median measured peak over 3 steps (bytes)."""
+    import statistics
+
+    from models.lm.benchmark import training_step
+    from seqmem.runtime.measure import timed_steps
+
+    step, inputs, specs = training_step(64, 2, 128, 35, 100)
+    optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=0.1, calibrate=False)
+    peaks, _ = timed_steps(optimized, inputs, 3)
+    return optimized.plan, statistics.median(peaks)
+
+
+@pytest.mark.device
+def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
+    # Keras runs an LSTM's loops in functions that Grappler would trade for the unedited originals
+    # (seqmem.edge.library): here the swapped lists must show in the measured peak
+    budget_mb = 20
+    run = run_with_budget(keras_lm_planned_and_measured, budget_mb, budget_mb=1024)
+    assert run.ok, run.message
+    plan, measured = run.value
+    values = [round(v / MIB, 1) for v in (plan.predicted_peak_before_bytes, plan.predicted_peak_after_bytes, measured)]
+    # measured, one stream (2026-11-23, 3 processes): 27.9-28.7 MB predicted unswapped; 16 lists swapped,
+    # 10.4-11.2 MB predicted, 12.8-13.0 MB measured (an under-prediction of 2.4 MB, not yet explained)
+    assert plan.predicted_peak_before_bytes > 1.3 * budget_mb * MIB and len(plan.loop_swaps) == 16, values
+    assert measured <= budget_mb * MIB and abs(plan.predicted_peak_after_bytes - measured) <= 0.25 * measured, values
+
+
+def _recurrent_layers(name):
+    """(layers, forward loops they run, a budget as a fraction of the step's peak that needs them all swapped)."""
     from seqmem.recurrent import MemoryEfficientLSTM
 
+    if name == "memory-efficient LSTM x2":  # top-level loops
+        return [MemoryEfficientLSTM(64, return_sequences=True), MemoryEfficientLSTM(64, return_sequences=True)], 2, 0.8
+    if name == "Keras LSTM x2":  # loops inside Keras' functions, as are the GRU's and the bidirectional's
+        return [tf.keras.layers.LSTM(64, return_sequences=True), tf.keras.layers.LSTM(64, return_sequences=True)], 2, 0.5
+    if name == "Keras GRU":
+        return [tf.keras.layers.GRU(64, return_sequences=True)], 1, 0.5
+    return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2, 0.5
+
+
+@pytest.mark.parametrize("layers", ["memory-efficient LSTM x2", "Keras LSTM x2", "Keras GRU", "bidirectional LSTM"])
+def test_recurrent_layers_loops_are_swapped_and_train_bit_identically(layers):
     tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32), MemoryEfficientLSTM(64, return_sequences=True),
-                                 MemoryEfficientLSTM(64, return_sequences=True), tf.keras.layers.Dense(50)])
+    recurrent, loops, fraction = _recurrent_layers(layers)
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32), *recurrent, tf.keras.layers.Dense(50)])
     optimizer = tf.keras.optimizers.SGD(0.1)
     tokens = tf.random.stateless_uniform([16, 40], seed=[1, 2], maxval=50, dtype=tf.int32)
     model(tokens)
@@ -85,8 +127,8 @@ def test_memory_efficient_lstm_loops_are_swapped_and_train_bit_identically():
 
     specs = [tf.TensorSpec(tokens.shape, tokens.dtype)]
     before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
-    optimized = optimize(step, 0.8 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
-    assert len({swap.forward_loop for swap in optimized.plan.loop_swaps}) == 2  # one loop per layer
+    optimized = optimize(step, fraction * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
+    assert len({swap.forward_loop for swap in optimized.plan.loop_swaps}) == loops  # every loop
     start = [v.numpy() for v in model.variables]
     results = []
     for run in (step, optimized):
