@@ -9,6 +9,7 @@ measured peak exceeds the budget.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -136,10 +137,10 @@ def optimize(
         # The margin is room for the predictor's error, and the device can settle what the
         # prediction cannot: plan for the budget itself and let calibration measure it.
         plan = planner.plan(budget_bytes)
-    step = build_step(analysis, plan, backend, function, original)
     if not calibrating:
-        return step
-    return _calibrated(step, planner, backend, sample_inputs)
+        return build_step(analysis, plan, backend, function, original)
+    # no reference kept here: calibration frees a step it replaces (see _calibrated)
+    return _calibrated(build_step(analysis, plan, backend, function, original), planner, backend, sample_inputs)
 
 
 def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:
@@ -268,7 +269,13 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
                 ) from None
             target_bytes = smallest  # the most-swapping plan: its measurement decides
             plan = planner.plan(target_bytes)
-        step = build_step(planner.analysis, plan, backend, function, step.original)
+        original, step = step.original, None
+        # A step that ran holds device memory (its functions' constants, folded when TensorFlow instantiated
+        # them: 38 MB for a 4-layer LSTM LM at batch 200) until its graph's reference cycles are collected.
+        # Left to the collector, it shares the arena with the next plan's step, which then measures high or,
+        # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
+        gc.collect()
+        step = build_step(planner.analysis, plan, backend, function, original)
     return step
 
 

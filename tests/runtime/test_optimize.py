@@ -156,3 +156,35 @@ def test_a_swap_in_that_cannot_allocate_is_reported_as_out_of_memory():
     step._run = other_error
     with pytest.raises(tf.errors.InvalidArgumentError):
         step()
+
+
+def test_calibration_frees_a_step_before_measuring_the_next(monkeypatch):
+    # a step that ran holds its folded constants in device memory until collected; measured next to the
+    # next plan's step, it inflated calibration's measurements and could crash TensorFlow in a full arena
+    import gc
+    import weakref
+
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime import device
+    from seqmem.runtime import optimize as optimize_module
+
+    example = build_example("cnn", 32)
+    before = optimize(example.step, 1e6, input_signature=example.input_specs).plan.predicted_peak_before_bytes
+    budget_bytes = int(0.98 * before)
+    measured = []  # (weak reference to the step measured, whether the steps measured before it were alive)
+
+    def measured_peak(step, function, sample_inputs=None):
+        measured.append((weakref.ref(step), [ref() is not None for ref, _ in measured]))
+        return budget_bytes + 1 if len(measured) == 1 else budget_bytes  # over the budget once, then fits
+
+    analyze = optimize_module.analyze_function
+    monkeypatch.setattr(optimize_module, "analyze_function",
+                        lambda *args, **kwargs: analyze(*args, **{**kwargs, "measure_scratch": False}))
+    monkeypatch.setattr(device, "measuring_device_present", lambda: True)  # calibrate, with measurements faked
+    monkeypatch.setattr(optimize_module, "_measured_peak", measured_peak)
+    gc.disable()  # only calibration's own collection may free the first step
+    try:
+        step = optimize(example.step, budget_bytes / (1 << 20), input_signature=example.input_specs, safety_margin=0.0)
+    finally:
+        gc.enable()
+    assert len(measured) == 2 and measured[1][1] == [False] and step.plan.measured_peak_bytes == budget_bytes
