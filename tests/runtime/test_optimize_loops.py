@@ -38,14 +38,16 @@ def test_loop_swapped_nmt_step_trains_bit_identically():
     assert all(np.array_equal(a, b) for a, b in zip(weights, optimized_weights))
 
 
-def planned_and_measured(budget_mb):
-    """Child process: `optimize` the NMT step (T=50, batch 8, 256 units, vocabulary 1000) for `budget_mb`; its
-    plan, and its median measured peak over 3 steps (bytes)."""
+def planned_and_measured(model, budget_mb):
+    """Child process: `optimize` a step for `budget_mb`: "nmt" (T=50, batch 8, 256 units, vocabulary 1000) or
+    "keras lm" (two Keras LSTM layers of 128 units, 35 steps, batch 64, vocabulary 100); its plan, and its
+    median measured peak over 3 steps (bytes)."""
     import statistics
 
+    from models.lm.benchmark import training_step
     from seqmem.runtime.measure import timed_steps
 
-    step, inputs, specs = _nmt_step(8, 50, 256, vocab=1000)
+    step, inputs, specs = _nmt_step(8, 50, 256, vocab=1000) if model == "nmt" else training_step(64, 2, 128, 35, 100)
     optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=0.1, calibrate=False)
     peaks, _ = timed_steps(optimized, inputs, 3)
     return optimized.plan, statistics.median(peaks)
@@ -56,7 +58,7 @@ def test_loop_swaps_fit_a_budget_the_bounded_step_exceeds():
     # measured, one stream (2026-11-23): the step bounded, median 61.9-74.1 MB in 5 processes (predicted
     # 79.6 MB); planned for 64 MB: 14 lists (24.8 MB) swapped, median 51.4 MB in 3 processes (predicted 53.4 MB)
     budget_mb = 64
-    run = run_with_budget(planned_and_measured, budget_mb, budget_mb=1024)
+    run = run_with_budget(planned_and_measured, "nmt", budget_mb, budget_mb=1024)
     assert run.ok, run.message
     plan, measured = run.value
     values = [round(v / MIB, 1) for v in (plan.predicted_peak_before_bytes, plan.predicted_peak_after_bytes, measured)]
@@ -65,26 +67,12 @@ def test_loop_swaps_fit_a_budget_the_bounded_step_exceeds():
     assert abs(plan.predicted_peak_after_bytes - measured) <= 0.1 * measured, values
 
 
-def keras_lm_planned_and_measured(budget_mb):
-    """Child process: `optimize` a language model of two Keras LSTM layers (128 units, 35 steps, batch 64,
-    vocabulary 100) for `budget_mb`; its plan, and its median measured peak over 3 steps (bytes)."""
-    import statistics
-
-    from models.lm.benchmark import training_step
-    from seqmem.runtime.measure import timed_steps
-
-    step, inputs, specs = training_step(64, 2, 128, 35, 100)
-    optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=0.1, calibrate=False)
-    peaks, _ = timed_steps(optimized, inputs, 3)
-    return optimized.plan, statistics.median(peaks)
-
-
 @pytest.mark.device
 def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
     # Keras runs an LSTM's loops in functions that Grappler would trade for the unedited originals
     # (seqmem.edge.library): here the swapped lists must show in the measured peak
     budget_mb = 20
-    run = run_with_budget(keras_lm_planned_and_measured, budget_mb, budget_mb=1024)
+    run = run_with_budget(planned_and_measured, "keras lm", budget_mb, budget_mb=1024)
     assert run.ok, run.message
     plan, measured = run.value
     values = [round(v / MIB, 1) for v in (plan.predicted_peak_before_bytes, plan.predicted_peak_after_bytes, measured)]
@@ -99,9 +87,9 @@ def _recurrent_layers(name):
     from seqmem.recurrent import MemoryEfficientLSTM
 
     if name == "memory-efficient LSTM x2":  # top-level loops
-        return [MemoryEfficientLSTM(64, return_sequences=True), MemoryEfficientLSTM(64, return_sequences=True)], 2, 0.8
+        return [MemoryEfficientLSTM(64, return_sequences=True) for _ in range(2)], 2, 0.8
     if name == "Keras LSTM x2":  # loops inside Keras' functions, as are the GRU's and the bidirectional's
-        return [tf.keras.layers.LSTM(64, return_sequences=True), tf.keras.layers.LSTM(64, return_sequences=True)], 2, 0.5
+        return [tf.keras.layers.LSTM(64, return_sequences=True) for _ in range(2)], 2, 0.5
     if name == "Keras GRU":
         return [tf.keras.layers.GRU(64, return_sequences=True)], 1, 0.5
     return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2, 0.5
