@@ -1,4 +1,5 @@
-"""Editing functions of a GraphDef's library under new names.
+"""Functions of a GraphDef's library: which ones a node calls, which change variables, and editing them
+under new names.
 
 A function already registered in TensorFlow's runtime cannot be redefined
 under its own name, so an edited function gets a copy `<name><suffix>`, and so
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tensorflow.core.framework import function_pb2, node_def_pb2
+from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 
-__all__ = ["called_functions", "copies_for", "follow_copies", "rename_functions"]
+from seqmem.ir.op_tables import writes_variable
+
+__all__ = ["called_functions", "copies_for", "follow_copies", "rename_functions", "variable_writers"]
 
 # FunctionDef attributes by which Grappler's implementation selector swaps a function for an equivalent one
 _API_ATTRIBUTES = ("api_implements", "api_preferred_device", "backward_function_name", "forward_function_name")
@@ -35,16 +38,30 @@ def called_functions(node: node_def_pb2.NodeDef) -> set[str]:
     return names
 
 
-def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:
-    """{name: copy's name} for the `edited` functions and every function that calls one, transitively."""
+def _with_callers(library: function_pb2.FunctionDefLibrary, names: Iterable[str]) -> set[str]:
+    """`names` and every library function that calls one of them, transitively."""
     calls = {f.signature.name: {name for n in f.node_def for name in called_functions(n)} for f in library.function}
-    to_copy = set(edited)
+    found = set(names)
     grew = True
     while grew:
-        callers = {name for name, called in calls.items() if called & to_copy} - to_copy
-        to_copy |= callers
+        callers = {name for name, called in calls.items() if called & found} - found
+        found |= callers
         grew = bool(callers)
-    return {name: f"{name}{suffix}" for name in sorted(to_copy)}
+    return found
+
+
+def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:
+    """{name: copy's name} for the `edited` functions and every function that calls one, transitively."""
+    return {name: f"{name}{suffix}" for name in sorted(_with_callers(library, edited))}
+
+
+def variable_writers(graph_def: graph_pb2.GraphDef) -> frozenset[str]:
+    """Names of the graph's nodes that change a variable: by their op, or in a function they call (as a
+    call, a loop's body, a branch), at any depth."""
+    writing = _with_callers(graph_def.library, (f.signature.name for f in graph_def.library.function
+                                                if any(writes_variable(n.op) for n in f.node_def)))
+    return frozenset(node.name for node in graph_def.node
+                     if writes_variable(node.op) or called_functions(node) & writing)
 
 
 def follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]) -> None:

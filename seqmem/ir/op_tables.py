@@ -8,6 +8,7 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
+    "FUNCTIONAL_COND_OPS",
     "FUNCTIONAL_LOOP_OPS",
     "FUNCTION_CALL_OPS",
     "INEXPENSIVE_KERNEL_OPS",
@@ -19,8 +20,10 @@ __all__ = [
     "RECOMPUTABLE_OPS",
     "SHAPE_OPS",
     "TF1_CONTROL_FLOW_OPS",
+    "VARIABLE_WRITE_OPS",
     "VIEW_OPS",
     "is_persistent_op",
+    "writes_variable",
 ]
 
 # A TF1 while loop closes through NextIteration -> Merge; those back edges are
@@ -30,6 +33,9 @@ LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
 
 # A tf.function's while loop: one node, its body and condition functions in the library.
 FUNCTIONAL_LOOP_OPS = frozenset(["StatelessWhile", "While"])
+
+# A tf.function's conditional: one node, its branch functions in the library.
+FUNCTIONAL_COND_OPS = frozenset(["If", "StatelessIf"])
 
 # A call of a library function (its `f` attribute), e.g. the functions Keras' LSTM and GRU run their loops in.
 FUNCTION_CALL_OPS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
@@ -157,6 +163,25 @@ RECOMPUTABLE_OPS = frozenset([
     "Sub",
     "Tanh",
 ])
+
+
+# Ops that change a variable in place: these, and every op whose type starts with one of
+# `_VARIABLE_WRITE_PREFIXES` (optimizers' update kernels, for resource and TF1 reference variables).
+VARIABLE_WRITE_OPS = frozenset([
+    "Assign",
+    "AssignAdd",
+    "AssignAddVariableOp",
+    "AssignSub",
+    "AssignSubVariableOp",
+    "AssignVariableOp",
+    "ResourceStridedSliceAssign",
+])
+_VARIABLE_WRITE_PREFIXES = ("Apply", "ResourceApply", "ResourceScatter", "ResourceSparseApply", "SparseApply")
+
+
+def writes_variable(op: str) -> bool:
+    """Whether `op` changes a variable (ResourceApplyAdam, AssignAddVariableOp, ...)."""
+    return op in VARIABLE_WRITE_OPS or op.startswith(_VARIABLE_WRITE_PREFIXES)
 
 
 def is_persistent_op(op: str) -> bool:

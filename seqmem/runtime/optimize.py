@@ -9,6 +9,7 @@ measured peak exceeds the budget.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Sequence
 from typing import Any, Optional, Union
@@ -77,9 +78,10 @@ def optimize(
     calibrate: on a measuring device (emulated or GPU), run the optimized step
     four times on `sample_inputs` (variables restored afterwards); if its highest
     peak exceeds the budget, plan again for less, up to 3 times. The measured
-    peak is recorded in the plan. Peaks vary from step to step (TensorFlow's
-    executor runs independent ops concurrently), so a later step can still
-    exceed what calibration saw; the margin is there for that.
+    peak is recorded in the plan. A later call can still run out of memory
+    (an arena fragmented by other work, an executor's varying order): when it
+    did so before any variable update ran, the step plans for 10% less, once,
+    logs one line and runs the call again (see `OptimizedStep`).
     sample_inputs: the step's arguments to calibrate with (default: synthetic,
     see `seqmem.runtime.measure.inputs_like`); pass real ones when the step
     checks its inputs' values.
@@ -137,10 +139,12 @@ def optimize(
         # The margin is room for the predictor's error, and the device can settle what the
         # prediction cannot: plan for the budget itself and let calibration measure it.
         plan = planner.plan(budget_bytes)
-    if not calibrating:
-        return build_step(analysis, plan, backend, function, original)
-    # no reference kept here: calibration frees a step it replaces (see _calibrated)
-    return _calibrated(build_step(analysis, plan, backend, function, original), planner, backend, sample_inputs)
+    if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
+        step = _calibrated(build_step(analysis, plan, backend, function, original), planner, backend, sample_inputs)
+    else:
+        step = build_step(analysis, plan, backend, function, original)
+    step.replan = functools.partial(_plan_for_less, planner, measured=None)
+    return step
 
 
 def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:
@@ -233,42 +237,18 @@ class _Planner:
 
 def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:
     """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
-    for less by the measured overshoot, up to `_CALIBRATION_ROUNDS` times. Returns the first step that
-    fits (its measured peak recorded in the plan), or the last one planned."""
-    budget_bytes, function = planner.budget_bytes, step.function
-    target_bytes = step.plan.target_bytes
+    for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
+    first step that fits (its measured peak recorded in the plan), or the last one planned."""
+    function = step.function
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
         measured = _measured_peak(step, function, sample_inputs)
-        if measured is not None and measured <= budget_bytes:
+        if measured is not None and measured <= planner.budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
             return step
         if measured is not None:
             measured_peaks.append(measured)
-        seen = "ran out of memory" if measured is None else f"peaked at {measured / MIB:.1f} MB"
-        # aim below what this plan predicted, by the measured overshoot (at least 5%; 10% after an OOM)
-        overshoot = measured - budget_bytes if measured is not None else target_bytes // 10
-        target_bytes = min(target_bytes, step.plan.predicted_peak_after_bytes) - max(overshoot, target_bytes // 20)
-        lowest_measured = min(measured_peaks, default=None)
-        if target_bytes <= planner.persistent_bytes:
-            raise InfeasibleBudgetError(
-                f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and no "
-                f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs) is "
-                f"{planner.persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
-                smallest_peak_bytes=step.plan.predicted_peak_after_bytes, measured_peak_bytes=lowest_measured,
-            )
-        try:
-            plan = planner.plan(target_bytes)
-        except InfeasibleBudgetError as error:
-            smallest = error.smallest_peak_bytes
-            if smallest is None or smallest >= step.plan.predicted_peak_after_bytes:
-                raise InfeasibleBudgetError(
-                    f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
-                    f"planning for less does not fit: {error}",
-                    smallest_peak_bytes=smallest, measured_peak_bytes=lowest_measured,
-                ) from None
-            target_bytes = smallest  # the most-swapping plan: its measurement decides
-            plan = planner.plan(target_bytes)
+        plan = _plan_for_less(planner, step.plan, measured, min(measured_peaks, default=None))
         original, step = step.original, None
         # A step that ran holds device memory (its functions' constants, folded when TensorFlow instantiated
         # them: 38 MB for a 4-layer LSTM LM at batch 200) until its graph's reference cycles are collected.
@@ -277,6 +257,36 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
         gc.collect()
         step = build_step(planner.analysis, plan, backend, function, original)
     return step
+
+
+def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
+                   lowest_measured: Optional[int] = None) -> SwapPlan:
+    """The plan to run after `plan` peaked at `measured` bytes on the device (None: it ran out of memory):
+    aimed below what `plan` predicted by the overshoot, at least 5% of its target (10% after an OOM); the
+    most-conserving plan when no plan reaches that but that one is lower than `plan`'s prediction.
+    Raises InfeasibleBudgetError, with `lowest_measured` bytes, when no plan can aim lower."""
+    budget_bytes, target_bytes = planner.budget_bytes, plan.target_bytes
+    seen = "ran out of memory" if measured is None else f"peaked at {measured / MIB:.1f} MB"
+    overshoot = measured - budget_bytes if measured is not None else target_bytes // 10
+    target_bytes = min(target_bytes, plan.predicted_peak_after_bytes) - max(overshoot, target_bytes // 20)
+    if target_bytes <= planner.persistent_bytes:
+        raise InfeasibleBudgetError(
+            f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and no "
+            f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs) is "
+            f"{planner.persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
+            smallest_peak_bytes=plan.predicted_peak_after_bytes, measured_peak_bytes=lowest_measured,
+        )
+    try:
+        return planner.plan(target_bytes)
+    except InfeasibleBudgetError as error:
+        smallest = error.smallest_peak_bytes
+        if smallest is None or smallest >= plan.predicted_peak_after_bytes:
+            raise InfeasibleBudgetError(
+                f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
+                f"planning for less does not fit: {error}",
+                smallest_peak_bytes=smallest, measured_peak_bytes=lowest_measured,
+            ) from None
+        return planner.plan(smallest)  # the most-conserving plan: its measurement decides
 
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:

@@ -6,7 +6,11 @@ original variable handles mapped in, so variables update in place.
 
 from __future__ import annotations
 
+import gc
+import logging
 import re
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -14,8 +18,10 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.library import variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
+from seqmem.errors import InfeasibleBudgetError
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
 from seqmem.units import MIB
@@ -25,6 +31,10 @@ __all__ = ["OptimizedStep", "build_step", "graph_def_runner"]
 # a swap-in's ParseTensor, in the step (`seqmem.swap.rewrite`) or in a loop body (`seqmem.edge.loop_swap`)
 _PARSE_FAILED = re.compile(r"Cannot parse tensor from proto:.*\[\[\{\{node ([^}]*(?:"
                            + SWAP_SCOPE + r"/[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
+_FAILED_NODE = re.compile(r"\[\[(?:\{\{node )?([^\]{}]+)(?:\}\})?\]\]")  # [[{{node a}}]], [[a]]: the node, its callers
+_IMPORT_SCOPE = "seqmem"  # `graph_def_runner` imports the rewritten graph under this name
+
+_log = logging.getLogger(__name__)
 
 
 class OptimizedStep:
@@ -34,15 +44,21 @@ class OptimizedStep:
     analysis: the analysis of the original step the plan was made on.
     function: the original ConcreteFunction, original: what the caller passed
     (a tf.function or `function`); both None for graph targets.
+    backend: the swap nodes' placement the graph was rewritten with.
+    replan: when set (by `seqmem.optimize`), the plan to run instead of `plan`
+    after a call ran out of memory (raises InfeasibleBudgetError when there is
+    none). Used once, and only where the failed call ran no variable update.
     """
 
-    def __init__(self, analysis: StepAnalysis, plan: SwapPlan, graph_def: graph_pb2.GraphDef, function=None,
-                 original=None) -> None:
+    def __init__(self, analysis: StepAnalysis, plan: SwapPlan, graph_def: graph_pb2.GraphDef, backend: SwapBackend,
+                 function=None, original=None) -> None:
         self.analysis = analysis
         self.plan = plan
         self.graph_def = graph_def
+        self.backend = backend
         self.function = function
         self.original = original
+        self.replan: Optional[Callable[[SwapPlan], SwapPlan]] = None
         self._run = None
         if function is not None:
             unchanged = (not plan.decisions and not plan.loop_swaps and not plan.pinned_order
@@ -50,8 +66,10 @@ class OptimizedStep:
             self._run = original if unchanged else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
-        """Run the step. Raises ResourceExhaustedError, with the plan's prediction, when the device runs out
-        of memory, also where a swap-in on the emulated device reports it as a tensor it cannot parse."""
+        """Run the step. When the device runs out of memory (also where a swap-in on the emulated device
+        reports it as a tensor it cannot parse): the first time, if `replan` is set and the failed node came
+        before every variable update (`_ran_no_variable_update`), re-plan, log one line and run the call
+        again; otherwise raise ResourceExhaustedError with the plan's prediction."""
         if self._run is None:
             raise TypeError("this step came from a graph: run .graph_def in a tf.compat.v1.Session")
         try:
@@ -69,11 +87,58 @@ class OptimizedStep:
             # proto it cannot parse (and quotes the whole tensor)
             failure = error
             message = f"OOM restoring a swapped tensor in {restoring.group(1)} (ParseTensor could not allocate it)"
-        raise tf.errors.ResourceExhaustedError(
-            failure.node_def, failure.op,
-            f"{message}\nseqmem: the plan predicted a peak of {self.plan.predicted_peak_after_bytes / MIB:.1f} MB "
-            f"for a budget of {self.plan.budget_bytes / MIB:.1f} MB",
-        ) from None
+        note = f"the plan predicted a peak of {self.plan.predicted_peak_after_bytes / MIB:.1f} MB " \
+               f"for a budget of {self.plan.budget_bytes / MIB:.1f} MB"
+        failed = _failed_nodes(failure.message)
+        if self.replan is not None and _ran_no_variable_update(self.graph_def, failed):
+            replan, self.replan = self.replan, None
+            try:
+                plan = replan(self.plan)
+            except InfeasibleBudgetError as error:
+                note += f"; re-planning for less found nothing: {error}"
+            else:
+                self._adopt(plan)
+                _log.warning("seqmem: the step ran out of memory (%s); re-planned for %.1f MB, predicted %.1f MB "
+                             "(%d tensors conserved, %d loop lists swapped); running it again",
+                             failed[0], plan.target_bytes / MIB,
+                             plan.predicted_peak_after_bytes / MIB, len(plan.decisions), len(plan.loop_swaps))
+                return self(*args)
+        raise tf.errors.ResourceExhaustedError(failure.node_def, failure.op, f"{message}\nseqmem: {note}") from None
+
+    def _adopt(self, plan: SwapPlan) -> None:
+        """Run `plan` from now on: drop this step's function and its device memory, then build the new one."""
+        self._run = None
+        gc.collect()  # the function's graph has reference cycles; its folded constants live in the arena
+        step = build_step(self.analysis, plan, self.backend, self.function, self.original)
+        self.plan, self.graph_def, self._run = step.plan, step.graph_def, step._run
+
+
+def _ran_no_variable_update(graph_def: graph_pb2.GraphDef, failed: list[str]) -> bool:
+    """Whether a call of `graph_def` that failed in the `failed` nodes (`_failed_nodes`) ran no op that changes
+    a variable: each such op (`library.variable_writers`) depends, by data or control edges (a pinned
+    order's among them), on the first failed node in the graph (for a node inside a function, its call),
+    and TensorFlow runs nothing that depends on a failed node."""
+    names = {node.name for node in graph_def.node}
+    failed_here = next((name for name in failed if name in names), None)
+    if failed_here is None:
+        return False
+    readers = defaultdict(list)
+    for node in graph_def.node:
+        for name in node.input:
+            readers[name.lstrip("^").split(":")[0]].append(node.name)
+    after, stack = set(), [failed_here]
+    while stack:
+        for reader in readers[stack.pop()]:
+            if reader not in after:
+                after.add(reader)
+                stack.append(reader)
+    return variable_writers(graph_def) <= after
+
+
+def _failed_nodes(message: str) -> list[str]:
+    """The nodes a TensorFlow error message names (the failed one first, then the calls it ran in), as named
+    in the step's graph."""
+    return [name.removeprefix(f"{_IMPORT_SCOPE}/") for name in _FAILED_NODE.findall(message)]
 
 
 def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
@@ -85,7 +150,7 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:
         graph_def = bound_loops(graph_def, plan.loop_parallel_iterations)
-    return OptimizedStep(analysis, plan, graph_def, function, original)
+    return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 
 def graph_def_runner(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):
@@ -102,7 +167,7 @@ def graph_def_runner(function: capture.ConcreteFunction, graph_def: graph_pb2.Gr
         graph = tf.compat.v1.get_default_graph()  # the wrap_function's FuncGraph
         input_map.update({name: graph.capture(value) for name, value in zip(capture_names, captured)})
         return tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=output_names,
-                                              name="seqmem")
+                                              name=_IMPORT_SCOPE)
 
     signature = [tf.TensorSpec(t.shape, t.dtype) for t in user_inputs]
     return tf.compat.v1.wrap_function(body, signature)

@@ -70,3 +70,28 @@ def test_loops_inside_keras_functions_are_found_and_their_copies_stand_for_no_ap
     assert not any("api_implements" in f.attr for f in copies)  # Grappler cannot trade them for the originals
     ops = [n.op for f in swapped.library.function for n in f.node_def]
     assert ops.count("SerializeTensor") == len(swaps) == ops.count("ParseTensor")
+
+
+def test_a_loop_in_a_function_called_from_two_places_is_not_a_candidate():
+    # a rewrite of the shared function would change both calls: its lists are left alone
+    import tensorflow as tf
+
+    weight = tf.Variable(tf.fill([8, 8], 0.1))
+
+    def loop(h, x):
+        return tf.while_loop(lambda i, h: i < 5, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, weight) + x)), (0, h))[1]
+
+    shared = tf.function(loop, autograph=False)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = sum(tf.reduce_sum(h) for h in (shared(x, x), shared(2 * x, x), loop(3 * x, x)))
+        return tape.gradient(loss, weight)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([4, 8])).graph.as_graph_def()
+    calls = [n for n in graph_def.node if n.op in ("PartitionedCall", "StatefulPartitionedCall")]
+    forward_calls = [n for n in calls if n.attr["f"].func.name.startswith("__forward")]
+    assert len(forward_calls) == 2 and len({n.attr["f"].func.name for n in forward_calls}) == 1
+    swaps = loop_accumulators(graph_def)
+    assert swaps and {swap.forward_loop for swap in swaps} == {"while"}  # the step's own loop only
