@@ -8,7 +8,6 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
-    "FUNCTIONAL_COND_OPS",
     "FUNCTIONAL_LOOP_OPS",
     "FUNCTION_CALL_OPS",
     "INEXPENSIVE_KERNEL_OPS",
@@ -33,9 +32,6 @@ LOOP_MERGE_OPS = frozenset(["Merge", "RefMerge"])
 
 # A tf.function's while loop: one node, its body and condition functions in the library.
 FUNCTIONAL_LOOP_OPS = frozenset(["StatelessWhile", "While"])
-
-# A tf.function's conditional: one node, its branch functions in the library.
-FUNCTIONAL_COND_OPS = frozenset(["If", "StatelessIf"])
 
 # A call of a library function (its `f` attribute), e.g. the functions Keras' LSTM and GRU run their loops in.
 FUNCTION_CALL_OPS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
