@@ -13,7 +13,9 @@ a fresh process, real OOM), the largest batch that trains two full steps under
     both        efficient, and seqmem.optimize (its loops' accumulators swapped)
 
 A probe that crashes (a kernel dying on a full arena instead of raising) counts
-as not fitting and is listed in the notes.
+as not fitting and is listed in the notes. At B_base, each variant's measured and
+predicted peak, what it conserves and its training throughput (target tokens/s),
+in an arena of twice the budget (swapping variants still plan for the budget).
 
     python -m models.lm.benchmark --layers 1,2,4     # 650 units, 35 steps, vocabulary 10000, 1024 MB
     python -m models.lm.benchmark --quick            # 1 and 4 layers of 256 units, vocabulary 1000, 128 MB
@@ -32,8 +34,9 @@ from typing import Any
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import largest_batch
-from seqmem.bench.report import EXECUTORS, batch_chart, ratio, search_settings
+from seqmem.bench.report import EXECUTORS, batch_chart, measured_cell, ratio, search_settings, value_or_verdict
 from seqmem.bench.workload import Workload, predicted_batch, trains
+from seqmem.bench.workload import measure as measure_workload
 from seqmem.runtime.device import run_with_budget
 from seqmem.files import write_json
 
@@ -76,6 +79,13 @@ def workload(variant: str, layers: int, units: int, time_steps: int, vocab: int,
     return Workload(training_step, options, optimized=optimized, budget_mb=budget_mb)
 
 
+def measure(variant: str, batch: int, layers: int, units: int, time_steps: int, vocab: int,
+            budget_mb: int) -> dict[str, Any]:
+    """Child process: `seqmem.bench.workload.measure` of a variant, with its throughput in target tokens/s."""
+    measured = measure_workload(batch, workload(variant, layers, units, time_steps, vocab, budget_mb))
+    return {**measured, "tokens_per_s": batch * time_steps / measured["median_step_s"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 and 4 layers of 256 units, vocabulary 1000, 128 MB")
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "rows": []}
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         for layers in layer_counts:
-            row: dict[str, Any] = {"layers": layers, "batch": {}, "notes": {}}
+            row: dict[str, Any] = {"layers": layers, "batch": {}, "notes": {}, "at_base": {}}
             model = (layers, args.units, args.time_steps, args.vocab, args.budget_mb)
             guess = run_with_budget(predicted_batch, bench.workload("base", *model), args.budget_mb,
                                     budget_mb=args.budget_mb, timeout_s=args.timeout_s,
@@ -131,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                                       on_probe=lambda batch, verdict: progress.update(1))
                 row["batch"][variant], row["notes"][variant] = found.batch, found.notes
                 start = found.batch if variant == "base" else start
+            for variant in variants if row["batch"]["base"] else ():
+                run = run_with_budget(bench.measure, variant, row["batch"]["base"], *model,
+                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s,
+                                      one_stream=args.executor == "one-stream")
+                progress.update(1)
+                row["at_base"][variant] = value_or_verdict(run)
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "lm-benchmark.json"))  # each row as soon as it is measured
     print(format_report(report))
@@ -152,6 +168,17 @@ def format_report(report: dict[str, Any]) -> str:
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
                                         for v in ("swap", "efficient", "both")]
         lines.append(f"| {row['layers']} | " + " | ".join(cells) + " |")
+    measured_rows = [row for row in report["rows"] if row.get("at_base")]
+    if measured_rows:
+        lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, conserved "
+                      "tensors and loop lists, target tokens/s (vs base)",
+                  "| layers | batch | base | swap | efficient | both |", "|---:|---:|---|---|---|---|"]
+    for row in measured_rows:
+        measured = row["at_base"]
+        reference = measured["base"].get("tokens_per_s")
+        cells = [measured_cell(measured.get(variant, {"error": "-"}), "tokens_per_s", "tok/s", reference)
+                 for variant in VARIANTS]
+        lines.append(f"| {row['layers']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
     for row in report["rows"]:
         for variant, notes in row["notes"].items():
             lines += [f"note ({row['layers']} layers, {variant}): {note}" for note in notes]

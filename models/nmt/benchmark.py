@@ -33,12 +33,11 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import largest_batch
-from seqmem.bench.report import EXECUTORS, batch_chart, ratio, search_settings, value_or_verdict
+from seqmem.bench.report import EXECUTORS, batch_chart, measured_cell, ratio, search_settings, value_or_verdict
 from seqmem.bench.workload import Workload, predicted_batch, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
 from seqmem.runtime.device import run_with_budget
-from seqmem.units import MIB
 
 VARIANTS = {"base": ("tfa", False), "swap": ("tfa", True), "efficient": ("efficient", False), "both": ("efficient", True)}
 
@@ -174,15 +173,8 @@ def format_report(report: dict[str, Any]) -> str:
         if not measured:
             continue
         reference = measured["base"].get("tokens_per_s")
-        cells = []
-        for variant in VARIANTS:
-            cell = measured.get(variant, {"error": "-"})
-            if "error" in cell:
-                cells.append(cell["error"])
-            else:
-                cells.append(f"{cell['peak_bytes'] / MIB:.0f} ({cell['predicted_peak_bytes'] / MIB:.0f}), "
-                             f"{cell['swaps']} swaps, {cell['tokens_per_s']:.0f} tok/s "
-                             f"({ratio(cell['tokens_per_s'], reference)})")
+        cells = [measured_cell(measured.get(variant, {"error": "-"}), "tokens_per_s", "tok/s", reference)
+                 for variant in VARIANTS]
         lines.append(f"| {row['time_steps']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
     for row in report["rows"]:
         for variant, notes in row["notes"].items():

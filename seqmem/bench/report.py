@@ -6,8 +6,9 @@ from typing import Any
 
 from seqmem.files import save_figure
 from seqmem.runtime.device import BudgetRun
+from seqmem.units import MIB
 
-__all__ = ["EXECUTORS", "batch_chart", "ratio", "search_settings", "value_or_verdict"]
+__all__ = ["EXECUTORS", "batch_chart", "measured_cell", "ratio", "search_settings", "value_or_verdict"]
 
 
 EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
@@ -27,6 +28,15 @@ def ratio(numerator: Any, denominator: Any, digits: int = 2) -> str:
     """"1.50x" for numbers with a non-zero denominator, "-" otherwise (a verdict, a missing value)."""
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (numerator, denominator))
     return f"{numerator / denominator:.{digits}f}x" if numbers and denominator else "-"
+
+
+def measured_cell(cell: dict[str, Any], rate: str, unit: str, reference: Any) -> str:
+    """One variant's measurement (`seqmem.bench.workload.measure` plus its `rate`) as a table cell:
+    "306 (287), 14 swaps, 5482 tok/s (0.83x)", the ratio to `reference`; the verdict for a failed run."""
+    if "error" in cell:
+        return cell["error"]
+    return (f"{cell['peak_bytes'] / MIB:.0f} ({cell['predicted_peak_bytes'] / MIB:.0f}), {cell['swaps']} swaps, "
+            f"{cell[rate]:.0f} {unit} ({ratio(cell[rate], reference)})")
 
 
 def value_or_verdict(run: BudgetRun) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["Runnable", "Workload", "measure", "predicted_batch", "runnable", "trains"]
+from seqmem.units import MIB
+
+__all__ = ["Runnable", "Workload", "measure", "measure_smallest", "predicted_batch", "runnable", "trains"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,32 @@ def measure(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
     peaks, seconds = timed_steps(built.step, built.inputs, steps)
     return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
             "predicted_peak_bytes": built.predicted_peak_bytes, "swaps": built.swaps}
+
+
+def measure_smallest(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
+    """Child process: the paper's M_opt, the lowest peak seqmem reaches at `batch`: the workload's step
+    optimized (its kinds) for the smallest peak any plan is predicted to reach, as `optimize` reports it for
+    a budget no plan fits, then measured as `measure` does. The plan is not calibrated (its target is the
+    lowest there is): run this in an arena with room above it. Returns `measure`'s fields plus
+    `target_bytes`, the smallest predicted peak planned for."""
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime.measure import timed_steps
+    from seqmem.runtime.optimize import optimize
+
+    step, inputs, specs = workload.build(batch, **dict(workload.options))
+    options = {"input_signature": specs, "kinds": workload.kinds, "compression": workload.compression,
+               "safety_margin": 0.0, "calibrate": False}
+    try:
+        optimized = optimize(step, 1, **options)  # 1 MiB: a budget no training step fits
+    except InfeasibleBudgetError as error:
+        if error.smallest_peak_bytes is None:
+            raise
+        optimized = optimize(step, error.smallest_peak_bytes / MIB, **options)
+    plan = optimized.plan
+    peaks, seconds = timed_steps(optimized, inputs, steps)
+    return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
+            "predicted_peak_bytes": plan.predicted_peak_after_bytes, "target_bytes": plan.target_bytes,
+            "swaps": len(plan.decisions) + len(plan.loop_swaps)}
 
 
 def predicted_batch(workload: Workload, budget_mb: int) -> int:

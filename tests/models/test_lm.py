@@ -22,3 +22,15 @@ def test_report_gives_ratios_to_the_base_batch_and_the_notes():
     assert "trains two steps in a fresh process, real OOM, one stream" in printed
     assert "| 16 | 10 | - | 25 (2.50x) | - |" in printed
     assert "note (16 layers, base): batch 20: crashed" in printed
+    assert "At B_base" not in printed  # no row was measured at B_base
+
+
+def test_report_gives_each_variants_peak_and_throughput_at_the_base_batch():
+    measured = {"peak_bytes": 200 << 20, "predicted_peak_bytes": 190 << 20, "swaps": 0, "tokens_per_s": 1000.0}
+    report = {"args": {"budget_mb": 128, "units": 256, "time_steps": 35, "vocab": 1000},
+              "rows": [{"layers": 4, "batch": {"base": 53, "swap": 145}, "notes": {},
+                        "at_base": {"base": measured, "swap": {**measured, "swaps": 16, "tokens_per_s": 900.0},
+                                    "both": {"error": "oom", "message": ""}}}]}
+    printed = benchmark.format_report(report)
+    assert "| 4 | 53 | 200 (190), 0 swaps, 1000 tok/s (1.00x) | 200 (190), 16 swaps, 900 tok/s (0.90x) | - | oom |" \
+        in printed

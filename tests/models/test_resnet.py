@@ -155,9 +155,10 @@ def test_compression_run_reports_final_loss_and_refuses_bad_flags(capsys):
 
 def test_report_with_table_b_only():
     row = {"depth": 1001, "baseline": {"error": "oom", "message": ""},
-           "seqmem": {"peak_bytes": 1400 << 20, "predicted_peak_bytes": 1200 << 20, "swaps": 157}}
+           "seqmem": {"peak_bytes": 1400 << 20, "predicted_peak_bytes": 1200 << 20, "swaps": 157},
+           "smallest": {"peak_bytes": 900 << 20, "predicted_peak_bytes": 850 << 20, "swaps": 400}}
     report = {"args": {"depth_batch": 8, "depth_image_size": 32, "depth_budget_mb": 1536},
               "table_a": {}, "at_base": {}, "at_opt": {}, "table_b": [row]}
     printed = benchmark.format_report(report)
     assert printed.startswith("Table 1(b)") and "Table 1(a)" not in printed
-    assert "| ResNet-1001 | OOM | 1400 (1200) | 157 |" in printed
+    assert "| ResNet-1001 | OOM | 1400 (1200) | 157 | 900 (850) | 400 |" in printed
