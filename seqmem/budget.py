@@ -398,20 +398,24 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             return "not a chain of cheap ops over tensors the device keeps anyway"
         chain, reads = found
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
-    else:
-        lead_s = transfer_s + (cast_s if kind in LOSSY_KINDS else 0.0)
+    else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
+        lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if kind in LOSSY_KINDS else 0.0)
     trigger, hidden = triggers.choose(consumers, lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
-    if kind in ("swap", "compress+swap") and not hidden and first_use_s - timing.completion_s[ref.node] < lead_s:
+    if kind in ("swap", "compress+swap") and machine.copies_overlap and not hidden \
+            and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
     if kind == "recompute":
         cost_s = lead_s
     elif kind == "compress":
         cost_s = 2 * cast_s
     else:
-        unhidden_s = max(0.0, timing.completion_s[trigger] + lead_s - first_use_s)
-        cost_s = unhidden_s + (2 * cast_s if kind == "compress+swap" else 0.0)
+        if machine.copies_overlap:
+            copy_s = max(0.0, timing.completion_s[trigger] + lead_s - first_use_s)  # what computation does not hide
+        else:
+            copy_s = 2 * transfer_s  # out and in, on the compute's own time
+        cost_s = copy_s + (2 * cast_s if kind == "compress+swap" else 0.0)
     decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
                             compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain)
     return _Option(decision, position[trigger] + 1, _restore_bytes(graph, decision), reads)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from seqmem.ir.graph import Graph, Node, TensorRef
 
 __all__ = [
+    "EMULATED_DEVICE",
     "MachineModel",
     "Timing",
     "analyze_timing",
@@ -39,11 +40,23 @@ class MachineModel:
     (default: about what TF's Eigen kernels reach on 2 CPU cores).
     memory_bytes_per_s: sustained device-memory bandwidth of element-wise ops.
     host_bytes_per_s: bandwidth of a device<->host copy (swap-out/in).
+    copies_overlap: copies run beside computation (a GPU's copy engine): a
+    swap-in starts early enough to hide its transfer, and costs only what
+    computation does not hide. False where they take the compute's own time (the
+    emulated device serializes and parses on the cores that compute): a swap-in
+    starts just before its first reader, and a swap costs its whole transfer,
+    out and in.
     """
 
     flops_per_s: float = 40e9
     memory_bytes_per_s: float = 8e9
     host_bytes_per_s: float = 6e9
+    copies_overlap: bool = True
+
+
+EMULATED_DEVICE = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
+"""This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's two cores
+(a float32 round trip of 64 MB measured 129 ms, about 1 GB/s each way; docs/results.md)."""
 
 
 def transfer_time_s(size_bytes: int, machine: MachineModel) -> float:

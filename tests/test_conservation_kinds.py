@@ -76,6 +76,28 @@ def test_lossless_kinds_swap_what_hides_its_transfer_and_recompute_what_cannot()
         plan_swaps(analysis, budget, allocator="exact", machine=slow_host, options=ConservationOptions(kinds=("swap",)))
 
 
+def test_where_copies_take_the_computes_own_time_swaps_cost_their_transfer_and_restore_just_in_time():
+    g = relu_net(layers=6)
+    analysis = analyze_graph(g)
+    budget = int(0.7 * simulate_baseline(analysis, allocator="exact").trace.peak_bytes)
+    overlapping = plan_swaps(analysis, budget, allocator="exact", options=EVERY_KIND)
+    serial_machine = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
+    serial = plan_swaps(analysis, budget, allocator="exact", machine=serial_machine, options=EVERY_KIND)
+    assert overlapping.feasible and serial.feasible
+    assert {d.kind for d in overlapping.decisions} == {"swap"}  # hidden behind computation: free
+    assert "swap" not in {d.kind for d in serial.decisions}  # costs its whole transfer: compressing is cheaper
+    swapped = plan_swaps(analysis, budget, allocator="exact", machine=serial_machine, options=LOSSLESS)
+    swaps = [d for d in swapped.decisions if d.kind == "swap"]
+    assert swaps and all(d.cost_s == pytest.approx(2 * d.transfer_s) for d in swaps)
+    # just in time: the swap-in starts after the last backward node that completes before its first reader
+    timing, order = analysis.timing, analysis.order
+    for decision in swaps:
+        first = min(decision.consumers, key=order.index)
+        later = [n for n in order[order.index(decision.trigger) + 1:order.index(first)]
+                 if n.startswith("gradient_tape/")]
+        assert all(timing.completion_s[n] > timing.start_s[first] for n in later), decision
+
+
 def test_compress_keeps_half_on_the_device_and_casts_after_the_forward_readers():
     g = relu_net()
     analysis, compressed = _plan(g, 0.85, ConservationOptions(kinds=("compress",), compression="fp16"))

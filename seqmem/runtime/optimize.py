@@ -19,7 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.budget import Baseline, plan_swaps, simulate_baseline
-from seqmem.critical_path import MachineModel
+from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
@@ -44,7 +44,7 @@ def optimize(
     *,
     loss: Union[str, TensorRef, None] = None,
     input_signature: Any = None,
-    machine: MachineModel = MachineModel(),
+    machine: Optional[MachineModel] = None,
     backend: Optional[SwapBackend] = None,
     kinds: Sequence[str] = ("swap",),
     compression: Optional[str] = None,
@@ -69,6 +69,11 @@ def optimize(
     with `compression` ("float16" or "bfloat16"), "compress" (cast on the device)
     and "compress+swap"; per tensor the cheapest kind that helps is chosen.
     Compression changes the step's numbers; the other kinds do not.
+    machine: the cost model's constants (default: `critical_path.EMULATED_DEVICE`
+    with the emulated device's backend, where a swap takes the compute's own
+    time, else `MachineModel()`).
+    backend: the nodes a swap is made of (default: host copies where a GPU is
+    visible, else the emulated device's serialized buffers).
     min_swap_bytes, min_slack_s, max_decisions: leave out tensors smaller than
     this, or living shorter (seconds, producer to first backward reader), and
     conserve at most this many (see `ConservationOptions`).
@@ -109,6 +114,7 @@ def optimize(
     if loop_parallel_iterations is not None:
         loops.check_parallel_iterations(loop_parallel_iterations)
     backend = backend or _default_backend()
+    machine = machine or _default_machine(backend)
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
         plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine, options=options,
@@ -159,6 +165,10 @@ def _loop_swap_depth(backend: SwapBackend, parallel_iterations: Optional[int]) -
     bound; None (no loop swaps) for loops left as traced, and off the emulated device, where the rewrite
     (`seqmem.edge.loop_swap`) has not been verified."""
     return parallel_iterations if isinstance(backend, EmulatedDeviceBackend) else None
+
+
+def _default_machine(backend: SwapBackend) -> MachineModel:
+    return EMULATED_DEVICE if isinstance(backend, EmulatedDeviceBackend) else MachineModel()
 
 
 def _default_backend() -> SwapBackend:
