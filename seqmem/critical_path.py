@@ -54,9 +54,11 @@ class MachineModel:
     copies_overlap: bool = True
 
 
-EMULATED_DEVICE = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
-"""This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's two cores
-(a float32 round trip of 64 MB measured 129 ms, about 1 GB/s each way; docs/results.md)."""
+EMULATED_DEVICE = MachineModel(copies_overlap=False)
+"""This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's own cores.
+Measured there (docs/results.md), a float32 round trip of 1 or 8 MB takes about what a float16 cast there and
+back does (0.2 and 1.1 ms against 0.4 and 1.0 ms), which the default rates model; of 64 MB, 82 ms against 7 ms
+(the host buffer's fresh pages), which they do not."""
 
 
 def transfer_time_s(size_bytes: int, machine: MachineModel) -> float:
