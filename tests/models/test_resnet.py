@@ -162,3 +162,19 @@ def test_report_with_table_b_only():
     printed = benchmark.format_report(report)
     assert printed.startswith("Table 1(b)") and "Table 1(a)" not in printed
     assert "| ResNet-1001 | OOM | 1400 (1200) | 157 | 900 (850) | 400 |" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.device
+def test_lowest_plan_m_opt_measures_below_the_unoptimized_step():
+    # the paper's M_opt at the smallest size that shows it: ResNet-20 at batch 32, each in a fresh process
+    from seqmem.runtime.device import run_with_budget
+
+    args = (20, 32, 32, 10)
+    baseline = run_with_budget(benchmark.measure, "baseline", *args, 512, budget_mb=512)
+    smallest = run_with_budget(benchmark.measure_smallest, *args, budget_mb=512)
+    assert baseline.ok and smallest.ok, (baseline.message, smallest.message)
+    lowest, unoptimized = smallest.value, baseline.value
+    assert lowest["swaps"] > 0 and lowest["predicted_peak_bytes"] <= lowest["target_bytes"]
+    assert lowest["predicted_peak_bytes"] < unoptimized["predicted_peak_bytes"]
+    assert lowest["peak_bytes"] < unoptimized["peak_bytes"]
