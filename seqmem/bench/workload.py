@@ -66,14 +66,19 @@ def runnable(workload: Workload, batch: int, predict: bool = False) -> Runnable:
         optimized = optimize(step, workload.budget_mb, input_signature=specs, sample_inputs=inputs,
                              safety_margin=workload.safety_margin, kinds=workload.kinds,
                              compression=workload.compression)
-        plan = optimized.plan
-        return Runnable(optimized, inputs, plan.predicted_peak_after_bytes, len(plan.decisions) + len(plan.loop_swaps))
+        return _optimized(optimized, inputs)
     predicted = None
     if predict:
         from seqmem.runtime.step_analysis import predicted_peak_bytes
 
         predicted = predicted_peak_bytes(step.get_concrete_function(*specs), measure_scratch=True)
     return Runnable(step, inputs, predicted, 0)
+
+
+def _optimized(step: Any, inputs: Any) -> Runnable:
+    """An OptimizedStep as a Runnable: its plan's prediction, and what the plan conserves or swaps."""
+    plan = step.plan
+    return Runnable(step, inputs, plan.predicted_peak_after_bytes, len(plan.decisions) + len(plan.loop_swaps))
 
 
 def trains(batch: int, workload: Workload) -> bool:
@@ -90,9 +95,12 @@ def trains(batch: int, workload: Workload) -> bool:
 def measure(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
     """Child process: the highest measured peak (bytes) and the median seconds of `steps` steps after a
     warm-up, the predicted peak and the number of swaps."""
+    return _measured(runnable(workload, batch, predict=True), steps)
+
+
+def _measured(built: Runnable, steps: int) -> dict[str, Any]:
     from seqmem.runtime.measure import timed_steps
 
-    built = runnable(workload, batch, predict=True)
     peaks, seconds = timed_steps(built.step, built.inputs, steps)
     return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
             "predicted_peak_bytes": built.predicted_peak_bytes, "swaps": built.swaps}
@@ -105,7 +113,6 @@ def measure_smallest(batch: int, workload: Workload, steps: int = 3) -> dict[str
     lowest there is): run this in an arena with room above it. Returns `measure`'s fields plus
     `target_bytes`, the smallest predicted peak planned for."""
     from seqmem.errors import InfeasibleBudgetError
-    from seqmem.runtime.measure import timed_steps
     from seqmem.runtime.optimize import optimize
 
     step, inputs, specs = workload.build(batch, **dict(workload.options))
@@ -117,11 +124,7 @@ def measure_smallest(batch: int, workload: Workload, steps: int = 3) -> dict[str
         if error.smallest_peak_bytes is None:
             raise
         optimized = optimize(step, error.smallest_peak_bytes / MIB, **options)
-    plan = optimized.plan
-    peaks, seconds = timed_steps(optimized, inputs, steps)
-    return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[len(seconds) // 2],
-            "predicted_peak_bytes": plan.predicted_peak_after_bytes, "target_bytes": plan.target_bytes,
-            "swaps": len(plan.decisions) + len(plan.loop_swaps)}
+    return {**_measured(_optimized(optimized, inputs), steps), "target_bytes": optimized.plan.target_bytes}
 
 
 def predicted_batch(workload: Workload, budget_mb: int) -> int:
