@@ -7,23 +7,42 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
 
-__all__ = ["block", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
+__all__ = ["block", "captured_variables", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
+
+
+def captured_variables(function: Any) -> list[tf.Tensor]:
+    """The handles of every resource variable the ConcreteFunction `function` captures: all a call can
+    change. (`function.graph.variables` lists only the variables its trace watched; it misses, e.g., the
+    slots and step counter Keras' legacy optimizers create while the step is traced.)"""
+    return [external for external, _ in function.graph.captures
+            if external.dtype == tf.resource and _value_dtype(external) is not None]
+
+
+def _value_dtype(handle: tf.Tensor) -> tf.DType | None:
+    """The dtype of the variable behind a resource handle; None for a handle that is not a variable's."""
+    data = resource_variable_ops.get_eager_safe_handle_data(handle)
+    if data is None or not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    return tf.as_dtype(data.shape_and_type[0].dtype)
 
 
 class variables_restored:
-    """Context manager: snapshot `variables` to host memory, restore them on exit (also on error)."""
+    """Context manager: snapshot `variables` (tf.Variables or their resource handles) to host memory,
+    restore them on exit (also on error)."""
 
     def __init__(self, variables) -> None:
-        self._variables = list(variables)
+        self._handles = [v.handle if isinstance(v, tf.Variable) else v for v in variables]
         self._saved: list[np.ndarray] = []
 
     def __enter__(self) -> None:
-        self._saved = [np.array(v.numpy(), copy=True) for v in self._variables]
+        self._saved = [np.array(gen_resource_variable_ops.read_variable_op(h, _value_dtype(h)).numpy(), copy=True)
+                       for h in self._handles]
 
     def __exit__(self, *exc: Any) -> None:
-        for variable, value in zip(self._variables, self._saved):
-            variable.assign(value)
+        for handle, value in zip(self._handles, self._saved):
+            gen_resource_variable_ops.assign_variable_op(handle, tf.constant(value))
         self._saved = []
 
 

@@ -25,7 +25,7 @@ from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
 from seqmem.ir.graph import TensorRef
 from seqmem.runtime import device, stall_watch
-from seqmem.runtime.measure import inputs_like, step_peaks
+from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
 from seqmem.swap.plan import ConservationOptions, SwapPlan
@@ -306,6 +306,6 @@ def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, samp
     args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
     try:
         with stall_watch.expected_idle():
-            return max(step_peaks(step, args, function.graph.variables, _CALIBRATION_CALLS))
+            return max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
     except tf.errors.ResourceExhaustedError:
         return None

@@ -20,7 +20,7 @@ from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.plot import plot_memory_curves
 from seqmem.runtime import device
-from seqmem.runtime.measure import inputs_like, step_peaks, variables_restored
+from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks, variables_restored
 from seqmem.runtime.step_analysis import analyze_function
 from seqmem.sim.simulator import MemoryTrace, simulate
 from seqmem.units import MIB
@@ -155,7 +155,7 @@ def profile(
     if costs == "measured":
         from seqmem.edge.op_trace import trace_op_times
 
-        with variables_restored(function.graph.variables):
+        with variables_restored(captured_variables(function)):
             op_time_s = trace_op_times(run, args)
     analysis = analyze_function(function, loss=loss, machine=machine, op_time_s=op_time_s, measure_scratch=measure)
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
@@ -194,7 +194,7 @@ def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction, s
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    peaks = sorted(step_peaks(run, args, function.graph.variables, steps, warm_up=True))
+    peaks = sorted(step_peaks(run, args, captured_variables(function), steps, warm_up=True))
     return MeasuredPeak(device.memory_device(), peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
 
 

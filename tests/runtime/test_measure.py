@@ -1,0 +1,34 @@
+import numpy as np
+import tensorflow as tf
+
+from seqmem.runtime.measure import captured_variables, variables_restored
+
+
+def test_every_variable_a_step_captures_is_restored_also_slots_created_while_it_was_traced():
+    # Keras' legacy SGD creates its momentum slots and step counter while the step is traced: the trace's
+    # `graph.variables` does not list them, and a measurement that restored only those changed training
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4)])
+    model.build([None, 3])
+    optimizer = tf.keras.optimizers.legacy.SGD(learning_rate=0.1, momentum=0.9)
+    lookup = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([1], [2]), default_value=0)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x)) * tf.cast(lookup.lookup(tf.constant(1)), tf.float32)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    x = tf.ones([2, 3])
+    function = step.get_concrete_function(x)
+    every = model.variables + optimizer.variables()
+    captured = captured_variables(function)
+    assert all(any(v.handle is handle for handle in captured) for v in every)
+    assert len(captured) > len(function.graph.variables)
+    assert lookup.resource_handle.dtype == tf.resource and all(h is not lookup.resource_handle for h in captured)
+    step(x)
+    before = [v.numpy().copy() for v in every]
+    with variables_restored(captured_variables(function)):
+        step(x)
+        assert not all(np.array_equal(a, v.numpy()) for a, v in zip(before, every))
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, every))
