@@ -3,12 +3,14 @@
 For an attention NMT training step (LSTM encoder and decoder, units 256, source
 and target of T tokens) at each T, on the emulated device (every probe a fresh
 process, real OOM), the largest batch that trains two full steps under
---budget-mb for four variants:
+--budget-mb for six variants:
 
-    base        tfa's BahdanauAttention, no seqmem        (B_base)
-    swap        tfa's attention, seqmem.optimize swapping
+    base        tfa's BahdanauAttention, Keras' LSTM, no seqmem        (B_base)
+    swap        base + seqmem.optimize (feature maps and loop accumulators swapped)
     efficient   seqmem's MemoryEfficientBahdanauAttention
     both        efficient attention and swapping
+    cells       seqmem's MemoryEfficientLSTM (encoder) and MemoryEfficientLSTMCell (decoder)
+    all         efficient attention, efficient cells and swapping
 
 and, at B_base for every variant (in an arena of twice the budget, so a step over
 the budget is still measured): the measured peak beside seqmem's predicted one,
@@ -39,17 +41,24 @@ from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
 from seqmem.runtime.device import run_with_budget
 
-VARIANTS = {"base": ("tfa", False), "swap": ("tfa", True), "efficient": ("efficient", False), "both": ("efficient", True)}
+# variant: (attention, cells, optimized by seqmem)
+VARIANTS = {"base": ("tfa", "keras", False), "swap": ("tfa", "keras", True),
+            "efficient": ("efficient", "keras", False), "both": ("efficient", "keras", True),
+            "cells": ("tfa", "efficient", False), "all": ("efficient", "efficient", True)}
+COLUMNS = {"base": "B_base (tfa)", "swap": "swap", "efficient": "efficient attention", "both": "both",
+           "cells": "efficient cells", "all": "all"}
 
 
-def training_step(batch: int, time_steps: int, units: int, vocab: int, attention: str = "tfa"):
-    """(training step, inputs, input specs) of the NMT model with `attention` ("tfa" or "efficient")."""
+def training_step(batch: int, time_steps: int, units: int, vocab: int, attention: str = "tfa", cells: str = "keras"):
+    """(training step, inputs, input specs) of the NMT model with `attention` ("tfa" or "efficient") and
+    `cells` ("keras" or "efficient")."""
     import tensorflow as tf
 
     from models.nmt.model import NMTConfig, NMTModel, make_train_step
 
     tf.keras.utils.set_random_seed(0)
-    model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention))
+    model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention,
+                                 cells=cells))
     rng = np.random.default_rng(0)
     tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)), tf.int32)  # noqa: E731
     lengths = tf.fill([batch], time_steps)
@@ -59,8 +68,9 @@ def training_step(batch: int, time_steps: int, units: int, vocab: int, attention
 
 def workload(variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> Workload:
     """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
-    attention, swapping = VARIANTS[variant]
-    options = (("time_steps", time_steps), ("units", units), ("vocab", vocab), ("attention", attention))
+    attention, cells, swapping = VARIANTS[variant]
+    options = (("time_steps", time_steps), ("units", units), ("vocab", vocab), ("attention", attention),
+               ("cells", cells))
     return Workload(training_step, options, optimized=swapping, budget_mb=budget_mb)
 
 
@@ -88,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated variants to run, base among them (default: all four)")
+                        help="comma-separated variants to run, base among them (default: all six)")
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -159,15 +169,15 @@ def format_report(report: dict[str, Any]) -> str:
     args = report["args"]
     lines = [f"Largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
              f"units {args['units']}, vocabulary {args['vocab']}; ratio to B_base in parentheses",
-             "| T | B_base (tfa) | swap | efficient attention | both |", "|---:|---:|---:|---:|---:|"]
+             "| T | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
     for row in report["rows"]:
         batch = row["batch"]
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
-                                        for v in ("swap", "efficient", "both")]
+                                        for v in list(VARIANTS)[1:]]
         lines.append(f"| {row['time_steps']} | " + " | ".join(cells) + " |")
     lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, swaps, "
                   "target tokens/s (vs base)",
-              "| T | batch | base | swap | efficient | both |", "|---:|---:|---|---|---|---|"]
+              "| T | batch | " + " | ".join(VARIANTS) + " |", "|---:|---:" + "|---" * len(VARIANTS) + "|"]
     for row in report["rows"]:
         measured = row["at_base"]
         if not measured:

@@ -1,7 +1,8 @@
 """Attention NMT as in the TensorFlow NMT tutorial: embeddings, an LSTM encoder of
 `layers` layers (the first bidirectional if asked), an LSTM decoder of `layers`
 layers wrapped in `tfa.seq2seq.AttentionWrapper` with additive attention (tfa's
-`BahdanauAttention` or seqmem's `MemoryEfficientBahdanauAttention`),
+`BahdanauAttention` or seqmem's `MemoryEfficientBahdanauAttention`), Keras' LSTM layers and
+cells or seqmem's memory-efficient ones (same weights, recomputed in backward),
 `BasicDecoder` + `TrainingSampler` for teacher-forced training, greedy and
 beam-search decoding for inference, and a masked cross-entropy loss.
 """
@@ -14,15 +15,19 @@ import tensorflow as tf
 import tensorflow_addons as tfa
 
 from seqmem.attention import MemoryEfficientBahdanauAttention
+from seqmem.recurrent import MemoryEfficientLSTM, MemoryEfficientLSTMCell
 
-__all__ = ["ATTENTIONS", "NMTConfig", "NMTModel", "make_train_step", "masked_cross_entropy"]
+__all__ = ["ATTENTIONS", "CELLS", "NMTConfig", "NMTModel", "make_train_step", "masked_cross_entropy"]
 
 ATTENTIONS = {"tfa": tfa.seq2seq.BahdanauAttention, "efficient": MemoryEfficientBahdanauAttention}
+# (encoder layer, decoder cell) of each kind of recurrent cell
+CELLS = {"keras": (tf.keras.layers.LSTM, tf.keras.layers.LSTMCell),
+         "efficient": (MemoryEfficientLSTM, MemoryEfficientLSTMCell)}
 
 
 @dataclass(frozen=True)
 class NMTConfig:
-    """Model sizes. attention: "tfa" or "efficient"."""
+    """Model sizes. attention: "tfa" or "efficient"; cells: "keras" or "efficient" (encoder and decoder)."""
 
     source_vocab: int = 1000
     target_vocab: int = 1000
@@ -31,10 +36,13 @@ class NMTConfig:
     normalize: bool = False
     layers: int = 1
     bidirectional: bool = False
+    cells: str = "keras"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}")
+        if self.cells not in CELLS:
+            raise ValueError(f"cells must be one of {sorted(CELLS)}, got {self.cells!r}")
         for name in ("source_vocab", "target_vocab", "units", "layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -52,15 +60,16 @@ class NMTModel(tf.keras.Model):
         units = config.units
         self.source_embedding = tf.keras.layers.Embedding(config.source_vocab, units)
         self.target_embedding = tf.keras.layers.Embedding(config.target_vocab, units)
+        encoder_layer, decoder_cell = CELLS[config.cells]
         self.encoders = []
         for layer in range(config.layers):
             if layer == 0 and config.bidirectional:
                 self.encoders.append(tf.keras.layers.Bidirectional(
-                    tf.keras.layers.LSTM(units // 2, return_sequences=True, return_state=True)))
+                    encoder_layer(units // 2, return_sequences=True, return_state=True)))
             else:
-                self.encoders.append(tf.keras.layers.LSTM(units, return_sequences=True, return_state=True))
+                self.encoders.append(encoder_layer(units, return_sequences=True, return_state=True))
         self.attention = ATTENTIONS[config.attention](units, normalize=config.normalize)
-        cells = [tf.keras.layers.LSTMCell(units) for _ in range(config.layers)]
+        cells = [decoder_cell(units) for _ in range(config.layers)]
         self.cell = tfa.seq2seq.AttentionWrapper(
             cells[0] if config.layers == 1 else tf.keras.layers.StackedRNNCells(cells), self.attention,
             attention_layer_size=units,

@@ -2,7 +2,7 @@
 
     python -m models.nmt.train --synthetic --out nmt-run --steps 600
     python -m models.nmt.train --train-prefix data/train --valid-prefix data/valid --out nmt-run
-    python -m models.nmt.train --synthetic --out run --memory-budget-mb 512 --attention efficient --swap
+    python -m models.nmt.train --synthetic --out run --memory-budget-mb 512 --attention efficient --cells efficient --swap
 
 A corpus prefix P names the files P.src and P.tgt (one sentence per line).
 --synthetic writes a corpus of the built-in language pair (models.nmt.synthetic)
@@ -33,6 +33,8 @@ def _parse(argv):
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--bidirectional", action="store_true")
     parser.add_argument("--attention", choices=("tfa", "efficient"), default="tfa")
+    parser.add_argument("--cells", choices=("keras", "efficient"), default="keras",
+                        help="Keras' LSTM layers and cells, or seqmem's memory-efficient ones (same weights)")
     parser.add_argument("--vocab-size", type=int, default=8000, help="cap on each vocabulary, special tokens included")
     parser.add_argument("--max-length", type=int, default=50, help="drop training pairs longer than this (tokens)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)

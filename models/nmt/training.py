@@ -58,7 +58,8 @@ class TrainingRun:
         self.dataset = make_dataset(train_pairs, self.source_vocab, self.target_vocab, args.batch_size,
                                     max_length=args.max_length, shuffle_seed=args.seed, drop_remainder=True)
         self.model = NMTModel(NMTConfig(len(self.source_vocab), len(self.target_vocab), args.units,
-                                        args.attention, layers=args.layers, bidirectional=args.bidirectional))
+                                        args.attention, layers=args.layers, bidirectional=args.bidirectional,
+                                        cells=args.cells))
         self.optimizer = tf.keras.optimizers.Adam(args.learning_rate)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)

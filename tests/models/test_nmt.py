@@ -104,6 +104,31 @@ def test_bleu_is_wired_to_sacrebleu():
     assert bleu(_Oracle(pairs, source_vocab, target_vocab), pairs, source_vocab, target_vocab) == pytest.approx(100.0)
 
 
+def test_efficient_cells_load_the_keras_models_checkpoint_and_give_its_gradients(tmp_path):
+    from models.nmt.model import NMTConfig, NMTModel, masked_cross_entropy
+
+    rng = np.random.default_rng(0)
+    source, target = (tf.constant(rng.integers(1, 30, (3, 6)), tf.int32) for _ in range(2))
+    lengths = tf.constant([6, 4, 5])
+    results = []
+    for cells in ("keras", "efficient"):
+        model = NMTModel(NMTConfig(30, 30, units=8, cells=cells, layers=2, bidirectional=True))
+        model(source, lengths, target)  # builds the variables
+        checkpoint = tf.train.Checkpoint(model=model)
+        if cells == "keras":
+            path = checkpoint.write(str(tmp_path / "keras"))
+        else:
+            checkpoint.read(path).assert_consumed()
+        with tf.GradientTape() as tape:
+            loss = masked_cross_entropy(target, model(source, lengths, target)[0], lengths)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        results.append([loss.numpy()] + [tf.convert_to_tensor(g).numpy() for g in gradients])
+    for keras, efficient in zip(*results):
+        np.testing.assert_allclose(efficient, keras, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="cells must be one of"):
+        NMTConfig(cells="cudnn")
+
+
 @pytest.mark.slow
 @pytest.mark.device
 def test_training_learns_the_synthetic_language_and_decodes(tmp_path):
