@@ -28,6 +28,7 @@ feature maps of the step so loop-swapped.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -203,10 +204,11 @@ def plan_swaps(
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
 
+    host = _HostRoom(math.inf if options.max_host_bytes is None else options.max_host_bytes)
     loop_swaps: tuple[LoopSwap, ...] = ()
     if loop_swap_depth is not None and analysis.loop_swaps:
         loop_swaps, analysis, baseline = _choose_loop_swaps(analysis, baseline, target_bytes, loop_swap_depth,
-                                                            allocator, arena_bytes)
+                                                            allocator, arena_bytes, host)
     loop_fields = _loop_fields(loop_swaps, loop_swap_depth, graph, machine)
     graph, start = analysis.graph, baseline.trace
     if baseline.fits(target_bytes):
@@ -227,7 +229,7 @@ def plan_swaps(
     lowest = start  # the lowest peak of the plans tried: more swaps can raise a peak
     forced = 1
     for _ in range(_MAX_ROUNDS):
-        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit)
+        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
         plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
         after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
         lowest = min(lowest, after, key=lambda trace: trace.peak_bytes)
@@ -242,9 +244,9 @@ def plan_swaps(
             left = [c for c in candidates if c.tensor not in chosen and not _needed_by_recomputation(c.tensor, chosen)]
             room = len(left) if limit is None else limit - len(chosen)
             for candidate in left[:min(forced, room)]:
-                option = _cheapest_helpful(candidate, -1, candidate.options[0].decision.size_bytes, chosen)
+                option = _cheapest_helpful(candidate, -1, candidate.options[0].decision.size_bytes, chosen, host)
                 if option is not None:
-                    _choose(tree, candidate, option, chosen)
+                    _choose(tree, candidate, option, chosen, host)
             forced *= 2
         else:
             forced = 1
@@ -254,6 +256,8 @@ def plan_swaps(
     plan = dataclasses.replace(plan, pinned_order=pinned_order, **{
         **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
+    if host.refused:
+        planned_for += f", swaps limited to {options.max_host_bytes / MIB:.1f} MB of host memory"
     if after.peak_bytes <= target_bytes and not placed:
         raise ArenaFragmentationError(
             f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
@@ -279,9 +283,10 @@ def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) 
 
 
 def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes: int, depth: int, allocator: str,
-                       arena_bytes: Optional[int]) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
+                       arena_bytes: Optional[int], host: _HostRoom) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
     """The loop swaps to make (whole forward loops, longest-lived first, each kept when it lowers the
-    predicted peak, until the step fits `target_bytes`), the analysis of the step so swapped, its baseline."""
+    predicted peak and its lists fit the host's room, until the step fits `target_bytes`), the analysis of
+    the step so swapped, its baseline."""
     by_loop: dict[str, list[LoopSwap]] = {}
     for swap in analysis.loop_swaps:
         if swap.element_bytes and analysis.graph.tensor(swap.tensor).size_bytes:
@@ -293,10 +298,14 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     for loop in sorted(by_loop, key=lambda name: (-distance.get(name, 0.0), position[name])):
         if current_baseline.fits(target_bytes):
             break
+        host_bytes = sum(swap.element_bytes * iterations(analysis.graph, swap) for swap in by_loop[loop])
+        if not host.admits(host_bytes):
+            continue
         trial = loop_swapped(analysis, chosen + by_loop[loop], depth)
         trial_baseline = simulate_baseline(trial, allocator=allocator, arena_bytes=arena_bytes)
         if trial_baseline.trace.peak_bytes < current_baseline.trace.peak_bytes:
             chosen += by_loop[loop]
+            host.left -= host_bytes
             current, current_baseline = trial, trial_baseline
     return tuple(chosen), current, current_baseline
 
@@ -309,6 +318,20 @@ def _loop_fields(loop_swaps: tuple[LoopSwap, ...], depth: Optional[int], graph: 
     swapped = sum(swap.element_bytes * iterations(graph, swap) for swap in loop_swaps)
     return {"loop_swaps": loop_swaps, "loop_swapped_bytes": swapped, "loop_parallel_iterations": depth,
             "predicted_overhead_s": 2 * transfer_time_s(swapped, machine)}
+
+
+@dataclass
+class _HostRoom:
+    """Host memory the plan's swaps may still take (bytes; inf: no limit), and whether it refused any."""
+
+    left: float
+    refused: bool = False
+
+    def admits(self, host_bytes: int) -> bool:
+        if host_bytes <= self.left:
+            return True
+        self.refused = True
+        return False
 
 
 @dataclass(frozen=True)
@@ -459,9 +482,9 @@ def _kept_until(graph: Graph, ref: TensorRef, position: Mapping[str, int]) -> fl
 
 
 def _select(candidates: Sequence[_Candidate], chosen: dict, tree: _MaxTree, target_live_bytes: int,
-            max_decisions: Optional[int]) -> int:
-    """Add candidates (in order), each by the cheapest kind that helps the current peak, until the peak <=
-    target or `max_decisions` are chosen; returns how many were added."""
+            max_decisions: Optional[int], host: _HostRoom) -> int:
+    """Add candidates (in order), each by the cheapest kind that helps the current peak and fits the host's
+    room, until the peak <= target or `max_decisions` are chosen; returns how many were added."""
     added = 0
     progress = True
     while tree.max() > target_live_bytes and progress:
@@ -473,20 +496,22 @@ def _select(candidates: Sequence[_Candidate], chosen: dict, tree: _MaxTree, targ
             if candidate.tensor in chosen or _needed_by_recomputation(candidate.tensor, chosen) \
                     or not candidate.out_pos < peak:
                 continue
-            option = _cheapest_helpful(candidate, peak, tree.max() - target_live_bytes, chosen)
+            option = _cheapest_helpful(candidate, peak, tree.max() - target_live_bytes, chosen, host)
             if option is None:
                 continue
-            _choose(tree, candidate, option, chosen)
+            _choose(tree, candidate, option, chosen, host)
             added += 1
             progress = True
     return added
 
 
-def _cheapest_helpful(candidate: _Candidate, peak: int, needed_bytes: int, chosen: Mapping) -> _Option | None:
-    """Of the options that free the tensor at position `peak`: the cheapest that frees `needed_bytes`, else
-    the one that frees most (the cheapest of those); None if none helps."""
+def _cheapest_helpful(candidate: _Candidate, peak: int, needed_bytes: int, chosen: Mapping,
+                      host: _HostRoom) -> _Option | None:
+    """Of the options that free the tensor at position `peak` and fit the host's room: the cheapest that frees `needed_bytes`, else the one that frees most (the cheapest of those);
+    None if none helps."""
     helpful = [option for option in candidate.options
-               if peak < option.in_pos and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()]
+               if peak < option.in_pos and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()
+               and host.admits(option.decision.host_bytes)]
     enough = [option for option in helpful if option.decision.saved_bytes >= needed_bytes]
     if enough:
         return min(enough, key=lambda option: (option.decision.cost_s, -option.decision.saved_bytes))
@@ -497,8 +522,9 @@ def _needed_by_recomputation(ref: TensorRef, chosen: Mapping) -> bool:
     return any(ref in option.reads for _, option in chosen.values())
 
 
-def _choose(tree: _MaxTree, candidate: _Candidate, option: _Option, chosen: dict) -> None:
+def _choose(tree: _MaxTree, candidate: _Candidate, option: _Option, chosen: dict, host: _HostRoom) -> None:
     decision = option.decision
+    host.left -= decision.host_bytes
     tree.add(candidate.out_pos + 1, option.in_pos, -decision.saved_bytes)
     tree.add(option.in_pos, option.in_pos + 1, option.restore_bytes + decision.resident_bytes)
     chosen[candidate.tensor] = (candidate, option)

@@ -6,7 +6,7 @@ from seqmem.analysis import analyze_graph
 from seqmem.budget import plan_swaps
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
-from seqmem.swap.plan import SwapPlan
+from seqmem.swap.plan import ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import rewrite
 from tests.builders import IdentityBackend, graph, loop_training_graph, node
 
@@ -153,6 +153,10 @@ def test_a_loop_that_saves_too_much_swaps_its_accumulator_element_by_element():
     assert TensorRef("fwd", 1) not in {d.tensor for d in plan.decisions}  # never swapped whole as well
     assert "1 loop accumulators of 1 loop(s) swapped element by element (10.0 MB; prefetch depth 1" in plan.summary()
     assert SwapPlan.from_json(plan.to_json()) == plan
+    assert plan.host_bytes == 10 * MB
+    with pytest.raises(InfeasibleBudgetError, match="swaps limited to 9.0 MB of host memory"):  # the list goes whole
+        plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1,
+                   options=ConservationOptions(max_host_bytes=9 * MB))
 
 
 def test_loop_swaps_only_when_asked_for_and_needed():

@@ -1,11 +1,13 @@
 """The selector's conservation kinds (swap, recompute, compress, compress+swap) on hand-built steps."""
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.budget import _candidates, _cheapest_helpful, _Option, plan_swaps, simulate_baseline
+from seqmem.budget import _candidates, _cheapest_helpful, _HostRoom, _Option, plan_swaps, simulate_baseline
 from seqmem.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
@@ -166,6 +168,19 @@ def test_options_limit_sizes_lifetimes_and_insertions():
     assert SwapPlan.from_json(one.to_json()) == one
 
 
+def test_swaps_hold_no_more_host_memory_than_allowed():
+    g = relu_net(layers=6)
+    _, free = _plan(g, 0.5, ConservationOptions(kinds=("swap",)))
+    assert free.host_bytes == sum(d.size_bytes for d in free.decisions) > 0
+    limit = free.host_bytes - 1
+    with pytest.raises(InfeasibleBudgetError, match=f"swaps limited to {limit / MB:.1f} MB of host memory"):
+        _plan(g, 0.5, ConservationOptions(kinds=("swap",), max_host_bytes=limit))
+    _, halved = _plan(g, 0.5, ConservationOptions(kinds=("compress+swap",), compression="float16",
+                                                  max_host_bytes=limit))
+    assert 0 < halved.host_bytes <= limit and halved.host_bytes == sum(d.compressed_bytes for d in halved.decisions)
+    assert "host memory" in halved.summary() and SwapPlan.from_json(halved.to_json()) == halved
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(kinds=("swap", "fold")), "kinds must be a non-empty selection"),
     (dict(kinds=()), "kinds must be a non-empty selection"),
@@ -174,6 +189,7 @@ def test_options_limit_sizes_lifetimes_and_insertions():
     (dict(kinds=("compress",), compression="int8"), "compression must be one of"),
     (dict(max_decisions=-1), "max_decisions"),
     (dict(min_slack_s=-1.0), "min_slack_s"),
+    (dict(max_host_bytes=-1), "max_host_bytes"),
 ])
 def test_bad_options_are_clear_value_errors(options, message):
     with pytest.raises(ValueError, match=message):
@@ -204,7 +220,7 @@ def test_the_chosen_kind_is_never_worse_in_both_peak_and_time_than_one_considere
     from seqmem.budget import _Candidate
 
     options, peak, needed = case
-    chosen = _cheapest_helpful(_Candidate(TensorRef("t"), 0, tuple(options)), peak, needed, {})
+    chosen = _cheapest_helpful(_Candidate(TensorRef("t"), 0, tuple(options)), peak, needed, {}, _HostRoom(math.inf))
     helpful = [o for o in options if peak < o.in_pos]
     if not helpful:
         assert chosen is None

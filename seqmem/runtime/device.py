@@ -95,6 +95,21 @@ def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
     return value
 
 
+def available_host_bytes() -> int | None:
+    """Host memory available to new allocations now (Linux' MemAvailable, bytes); None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def configure_emulated_device(budget_mb: int, one_stream: bool = True) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 

@@ -36,6 +36,7 @@ __all__ = ["OptimizedStep", "optimize"]
 
 _CALIBRATION_ROUNDS = 3
 _CALIBRATION_CALLS = 4
+_DEFAULT_HOST_SHARE = 0.75  # of the host's available memory: the rest for the process and the machine
 
 
 def optimize(
@@ -51,6 +52,7 @@ def optimize(
     min_swap_bytes: int = 64 << 10,
     min_slack_s: float = 0.0,
     max_decisions: Optional[int] = None,
+    host_memory_mb: Optional[float] = None,
     safety_margin: float = 0.2,
     calibrate: bool = True,
     sample_inputs: Any = None,
@@ -77,6 +79,11 @@ def optimize(
     min_swap_bytes, min_slack_s, max_decisions: leave out tensors smaller than
     this, or living shorter (seconds, producer to first backward reader), and
     conserve at most this many (see `ConservationOptions`).
+    host_memory_mb: the most host memory the plan's swaps may hold, MiB
+    (`SwapPlan.host_bytes`, an upper bound; default: three quarters of what the
+    host has available when `optimize` runs, `device.available_host_bytes`;
+    `float("inf")`: no limit). A step whose swaps would need more than the host
+    has fails with InfeasibleBudgetError instead of exhausting the machine.
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
     the predictor's error. When no plan reaches that but calibration can run,
     the plan aims at the budget itself and the measurement decides.
@@ -101,7 +108,7 @@ def optimize(
     bounded, on the emulated device, the plan may also swap what a loop saves
     for its gradient, element by element (`seqmem.edge.loop_swap`).
     Raises ValueError for a budget that is not a positive finite number, a
-    margin outside [0, 1), a loop bound that is not a positive int, or options
+    host memory that is not a positive number, a margin outside [0, 1), a loop bound that is not a positive int, or options
     `ConservationOptions` refuses (an unknown kind or compression dtype),
     TypeError for another target, InfeasibleBudgetError when no swap set fits
     (with the lowest measured peak when calibration measured one).
@@ -109,7 +116,8 @@ def optimize(
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
     budget_bytes = int(device.check_budget_mb(memory_budget_mb, "memory_budget_mb") * MIB)
-    options = ConservationOptions(kinds, compression, min_swap_bytes, min_slack_s, max_decisions)
+    options = ConservationOptions(kinds, compression, min_swap_bytes, min_slack_s, max_decisions,
+                                  _host_limit_bytes(host_memory_mb))
     target_bytes = int(budget_bytes * (1 - safety_margin))
     if loop_parallel_iterations is not None:
         loops.check_parallel_iterations(loop_parallel_iterations)
@@ -165,6 +173,17 @@ def _loop_swap_depth(backend: SwapBackend, parallel_iterations: Optional[int]) -
     bound; None (no loop swaps) for loops left as traced, and off the emulated device, where the rewrite
     (`seqmem.edge.loop_swap`) has not been verified."""
     return parallel_iterations if isinstance(backend, EmulatedDeviceBackend) else None
+
+
+def _host_limit_bytes(host_memory_mb: Optional[float]) -> Optional[int]:
+    """`optimize`'s host_memory_mb in bytes: the default share of what the host has available, None for no
+    limit. Raises ValueError for a value that is not a positive number."""
+    if host_memory_mb is None:
+        available = device.available_host_bytes()
+        return None if available is None else int(available * _DEFAULT_HOST_SHARE)
+    if host_memory_mb == float("inf"):
+        return None
+    return int(device.check_budget_mb(host_memory_mb, "host_memory_mb") * MIB)
 
 
 def _default_machine(backend: SwapBackend) -> MachineModel:

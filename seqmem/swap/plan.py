@@ -36,7 +36,8 @@ class ConservationOptions:
     "bfloat16"; "fp16"/"bf16" accepted); required by, and only allowed with, a compressed kind, since it changes
     the step's numbers. min_bytes: the smallest tensor considered. min_slack_s: the shortest lifetime
     considered, seconds from its producer's completion to its first backward reader's start.
-    max_decisions: the most tensors conserved (None: no limit).
+    max_decisions: the most tensors conserved (None: no limit). max_host_bytes: the most host memory the
+    plan's swaps may hold (`SwapPlan.host_bytes`; None: no limit).
     Raises ValueError naming what was wrong.
     """
 
@@ -45,6 +46,7 @@ class ConservationOptions:
     min_bytes: int = 64 << 10
     min_slack_s: float = 0.0
     max_decisions: int | None = None
+    max_host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
@@ -68,6 +70,8 @@ class ConservationOptions:
             raise ValueError(f"min_bytes and min_slack_s must be >= 0, got {self.min_bytes!r}, {self.min_slack_s!r}")
         if self.max_decisions is not None and (not isinstance(self.max_decisions, int) or self.max_decisions < 0):
             raise ValueError(f"max_decisions must be a non-negative int or None, got {self.max_decisions!r}")
+        if self.max_host_bytes is not None and (not isinstance(self.max_host_bytes, int) or self.max_host_bytes < 0):
+            raise ValueError(f"max_host_bytes must be a non-negative int or None, got {self.max_host_bytes!r}")
 
     def describe(self) -> str:
         """One line for `SwapPlan.summary`: "options: kinds swap, recompute; tensors of at least 65536 bytes"."""
@@ -79,6 +83,8 @@ class ConservationOptions:
             limits.append(f"living at least {1e3 * self.min_slack_s:.3f} ms")
         if self.max_decisions is not None:
             limits.append(f"at most {self.max_decisions} of them")
+        if self.max_host_bytes is not None:
+            limits.append(f"at most {self.max_host_bytes / MIB:.1f} MB in host memory")
         return "options: " + "; ".join(limits)
 
 
@@ -120,6 +126,11 @@ class SwapDecision:
     @property
     def saved_bytes(self) -> int:
         return self.size_bytes - self.resident_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes the tensor holds in host memory between its uses."""
+        return {"swap": self.size_bytes, "compress+swap": self.compressed_bytes}.get(self.kind, 0)
 
     @property
     def precision(self) -> str:
@@ -207,13 +218,20 @@ class SwapPlan:
         """Device bytes the decisions free between their tensors' uses."""
         return sum(d.saved_bytes for d in self.decisions)
 
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the plan's swaps hold at most: every swapped tensor and every swapped loop list at
+        once, as at the turn from forward to backward (an upper bound)."""
+        return sum(d.host_bytes for d in self.decisions) + self.loop_swapped_bytes
+
     def summary(self) -> str:
         """A readable table of the plan."""
         lines = [
             f"budget {self.budget_bytes / MIB:.1f} MB (planned for {self.target_bytes / MIB:.1f} MB); predicted peak {self.predicted_peak_before_bytes / MIB:.1f} MB "
             f"-> {self.predicted_peak_after_bytes / MIB:.1f} MB ({'fits' if self.feasible else 'does NOT fit'})",
             f"{len(self.decisions)} tensors conserved ({self.saved_bytes / MIB:.1f} MB freed: {self._kind_counts()}), "
-            f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped",
+            f"predicted overhead {1e3 * self.predicted_overhead_s:.2f} ms; {len(self.skipped)} candidates skipped; "
+            f"host memory {self.host_bytes / MIB:.1f} MB at most",
             self.options.describe(),
         ]
         if self.loop_swaps:

@@ -75,6 +75,36 @@ def test_bad_budgets_are_value_errors(budget):
         optimize(step, budget)
 
 
+def _tanh_chain_graph() -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        hidden = tf.compat.v1.placeholder(tf.float32, [512, 256], name="x")
+        for i in range(4):
+            w = tf.compat.v1.get_variable(f"w{i}", [256, 256], initializer=tf.compat.v1.initializers.identity(0.5))
+            hidden = tf.nn.tanh(tf.matmul(hidden, w), name=f"hidden{i}")
+        loss = tf.reduce_sum(hidden, name="loss")
+        tf.identity_n(tf.gradients(loss, tf.compat.v1.trainable_variables()), name="gradients_out")
+    return graph
+
+
+def test_swaps_stay_within_the_host_memory_given():
+    from seqmem.errors import InfeasibleBudgetError
+
+    graph = _tanh_chain_graph()
+    budget_mb = 0.9 * optimize(graph, 1e6).plan.predicted_peak_before_bytes / (1 << 20)
+    plan = optimize(graph, budget_mb, safety_margin=0.0).plan
+    assert plan.decisions and 0 < plan.host_bytes <= plan.options.max_host_bytes  # the default: the host's room
+    assert optimize(graph, budget_mb, safety_margin=0.0, host_memory_mb=math.inf).plan.options.max_host_bytes is None
+    with pytest.raises(InfeasibleBudgetError, match="swaps limited to 0.1 MB of host memory"):
+        optimize(graph, budget_mb, safety_margin=0.0, host_memory_mb=0.1)
+
+
+@pytest.mark.parametrize("host_memory_mb", [0, -1, math.nan, "12", True])
+def test_bad_host_memory_is_a_value_error(host_memory_mb):
+    with pytest.raises(ValueError, match="host_memory_mb"):
+        optimize(tf.function(lambda x: x), 100, host_memory_mb=host_memory_mb)
+
+
 def test_wrong_target_is_a_type_error():
     with pytest.raises(TypeError, match="tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"):
         optimize(lambda x: x, 100)
