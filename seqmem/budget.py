@@ -283,7 +283,8 @@ def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) 
 
 
 def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes: int, depth: int, allocator: str,
-                       arena_bytes: Optional[int], host: _HostRoom) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
+                       arena_bytes: Optional[int], host: _HostRoom
+                       ) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
     """The loop swaps to make (whole forward loops, longest-lived first, each kept when it lowers the
     predicted peak and its lists fit the host's room, until the step fits `target_bytes`), the analysis of
     the step so swapped, its baseline."""
@@ -507,8 +508,8 @@ def _select(candidates: Sequence[_Candidate], chosen: dict, tree: _MaxTree, targ
 
 def _cheapest_helpful(candidate: _Candidate, peak: int, needed_bytes: int, chosen: Mapping,
                       host: _HostRoom) -> _Option | None:
-    """Of the options that free the tensor at position `peak` and fit the host's room: the cheapest that frees `needed_bytes`, else the one that frees most (the cheapest of those);
-    None if none helps."""
+    """Of the options that free the tensor at position `peak` and fit the host's room: the cheapest that
+    frees `needed_bytes`, else the one that frees most (the cheapest of those); None if none helps."""
     helpful = [option for option in candidate.options
                if peak < option.in_pos and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()
                and host.admits(option.decision.host_bytes)]

@@ -108,8 +108,9 @@ def optimize(
     bounded, on the emulated device, the plan may also swap what a loop saves
     for its gradient, element by element (`seqmem.edge.loop_swap`).
     Raises ValueError for a budget that is not a positive finite number, a
-    host memory that is not a positive number, a margin outside [0, 1), a loop bound that is not a positive int, or options
-    `ConservationOptions` refuses (an unknown kind or compression dtype),
+    host memory that is not a positive number, a margin outside [0, 1), a loop
+    bound that is not a positive int, or options `ConservationOptions` refuses
+    (an unknown kind or compression dtype),
     TypeError for another target, InfeasibleBudgetError when no swap set fits
     (with the lowest measured peak when calibration measured one).
     """
