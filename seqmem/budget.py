@@ -299,7 +299,7 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     for loop in sorted(by_loop, key=lambda name: (-distance.get(name, 0.0), position[name])):
         if current_baseline.fits(target_bytes):
             break
-        host_bytes = sum(swap.element_bytes * iterations(analysis.graph, swap) for swap in by_loop[loop])
+        host_bytes = _list_bytes(analysis.graph, by_loop[loop])
         if not host.admits(host_bytes):
             continue
         trial = loop_swapped(analysis, chosen + by_loop[loop], depth)
@@ -311,12 +311,17 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     return tuple(chosen), current, current_baseline
 
 
+def _list_bytes(graph: Graph, swaps: Sequence[LoopSwap]) -> int:
+    """Bytes of the full lists of `swaps`: what they hold in host memory once swapped."""
+    return sum(swap.element_bytes * iterations(graph, swap) for swap in swaps)
+
+
 def _loop_fields(loop_swaps: tuple[LoopSwap, ...], depth: Optional[int], graph: Graph, machine: MachineModel) -> dict:
     """The plan's record of `loop_swaps` (sized in the step's unswapped `graph`); each list's bytes cross to the host and back, one element at a
     time and not hidden behind the loop's computation (counted as overhead)."""
     if not loop_swaps:
         return {"predicted_overhead_s": 0.0}
-    swapped = sum(swap.element_bytes * iterations(graph, swap) for swap in loop_swaps)
+    swapped = _list_bytes(graph, loop_swaps)
     return {"loop_swaps": loop_swaps, "loop_swapped_bytes": swapped, "loop_parallel_iterations": depth,
             "predicted_overhead_s": 2 * transfer_time_s(swapped, machine)}
 
