@@ -47,6 +47,16 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _host_memory_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB or 'inf', got {text!r}")
+    return value
+
+
 def _parse_case(text: str) -> tuple[str, int]:
     name, _, batch = text.partition(":")
     if name not in EXAMPLE_NAMES or not batch.isdigit() or int(batch) < 1:
@@ -95,7 +105,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     with _Stage(f"planning {args.model} at batch {args.batch} for an emulated {args.budget_mb} MB device"):
         run = run_with_budget(cli_jobs.plan_step, args.model, args.batch, args.budget_mb, args.json, args.png,
-                              args.safety_margin, args.options, budget_mb=args.budget_mb)
+                              args.safety_margin, args.options, args.host_memory_mb, budget_mb=args.budget_mb)
     if not run.ok:
         return _fail(run, "planning")
     trained_peak, summary = run.value
@@ -105,12 +115,13 @@ def _plan(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {path}")
     if args.largest_batch:
-        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin, args.options)
+        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin, args.options,
+                         args.host_memory_mb)
     return 0
 
 
 def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, safety_margin: float,
-                     options: ConservationOptions) -> None:
+                     options: ConservationOptions, host_memory_mb: float | None) -> None:
     """Print the largest batch that trains two steps without and with seqmem (real OOM, a process per probe)."""
     from tqdm import tqdm
 
@@ -121,7 +132,7 @@ def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, saf
     found = {}
     for label, optimized in (("without seqmem", False), ("with seqmem", True)):
         workload = Workload(cli_jobs.model_step, (("source", model),), optimized, budget_mb, safety_margin,
-                            kinds=options.kinds, compression=options.compression)
+                            kinds=options.kinds, compression=options.compression, host_memory_mb=host_memory_mb)
         with tqdm(desc=f"largest batch {label}", unit="probe", file=sys.stdout) as progress:
             search = largest_batch(trains, workload, budget_mb=budget_mb, limit=max_batch,
                                    start=min(max(found.get("without seqmem", start), 1), max_batch), precision=0.1,
@@ -200,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--kinds", default="swap",
                       help=f"how tensors may be conserved, comma-separated, of {', '.join(KINDS)} (default: swap)")
     plan.add_argument("--compression", help="float16 or bfloat16: the dtype of the compressing kinds")
+    plan.add_argument("--host-memory-mb", type=_host_memory_mb,
+                      help="the most host memory swaps may hold (MiB, or inf for no limit; "
+                           "default: 3/4 of what the host has available)")
     plan.set_defaults(run=_plan)
     accuracy = commands.add_parser("accuracy", help="predicted vs measured peak of the built-in examples")
     accuracy.add_argument("--case", action="append", type=_parse_case,

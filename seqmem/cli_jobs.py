@@ -42,10 +42,11 @@ def profile_step(source: str, batch: int, png_path: Optional[str]) -> str:
 
 
 def plan_step(source: str, batch: int, budget_mb: float, json_path: Optional[str], png_path: Optional[str],
-              safety_margin: float = 0.2, options: Optional[ConservationOptions] = None) -> tuple[int, str]:
+              safety_margin: float = 0.2, options: Optional[ConservationOptions] = None,
+              host_memory_mb: Optional[float] = None) -> tuple[int, str]:
     """Optimize the step of `source` at `batch` for `budget_mb` MiB (calibrated on this device; conserving
-    tensors as `options` allow, default: swap) and train two steps with it; returns (the measured peak bytes of
-    those steps, the plan's summary)."""
+    tensors as `options` allow, default: swap; swaps within `host_memory_mb` MiB, see `optimize`) and train
+    two steps with it; returns (the measured peak bytes of those steps, the plan's summary)."""
     from seqmem.files import write_text
     from seqmem.plot import plot_plan
     from seqmem.runtime import device
@@ -54,7 +55,7 @@ def plan_step(source: str, batch: int, budget_mb: float, json_path: Optional[str
     step, inputs, specs = model_step(batch, source)
     options = options or ConservationOptions()
     optimized = optimize(step, budget_mb, input_signature=specs, sample_inputs=inputs, safety_margin=safety_margin,
-                         kinds=options.kinds, compression=options.compression)
+                         kinds=options.kinds, compression=options.compression, host_memory_mb=host_memory_mb)
     device.reset_peak()
     for _ in range(2):
         float(optimized(*inputs))

@@ -22,6 +22,8 @@ from seqmem.swap.plan import SwapPlan
     ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--kinds", "swap,fold"],
     ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--kinds", "compress"],
     ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--kinds", "compress", "--compression", "int8"],
+    ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--host-memory-mb", "0"],
+    ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--host-memory-mb", "lots"],
     ["accuracy", "--device-mb", "-3"],
     ["accuracy", "--case", "mlp:zero"],
     ["demo", "--batch", "3"],
@@ -65,11 +67,12 @@ def test_profile_and_plan_a_saved_keras_model(tmp_path, capsys):
     assert "predicted peak" in printed and "measured peak" in printed
     plan_json = tmp_path / "plan.json"
     assert main(["plan", model, "--batch", "2048", "--budget-mb", "150", "--safety-margin", "0.1",
-                 "--kinds", "swap,recompute", "--json", str(plan_json), "--png", str(tmp_path / "plan.png")]) == 0
+                 "--kinds", "swap,recompute", "--host-memory-mb", "4096", "--json", str(plan_json), "--png", str(tmp_path / "plan.png")]) == 0
     printed = capsys.readouterr().out
     assert "(fits)" in printed and "trained two steps with the plan" in printed
     plan = SwapPlan.from_json(plan_json.read_text())
     assert plan.decisions and plan.budget_bytes == 150 << 20 and plan.options.kinds == ("swap", "recompute")
+    assert plan.options.max_host_bytes == 4096 << 20
     assert plan.measured_peak_bytes <= plan.budget_bytes
     assert json.loads(plan_json.read_text())["target_bytes"] == plan.target_bytes
     assert sorted(os.listdir(tmp_path)) == ["curve.png", "mlp.keras", "plan.json", "plan.png"]

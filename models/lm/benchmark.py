@@ -58,7 +58,9 @@ def training_step(batch: int, layers: int, units: int, time_steps: int, vocab: i
     optimizer = tf.keras.optimizers.SGD(1.0)
     words = tf.random.stateless_uniform([batch, time_steps + 1], seed=[0, 1], maxval=vocab, dtype=tf.int32)
     inputs, targets = words[:, :-1], words[:, 1:]
-    model(inputs)
+    # every variable exists before the first trace: created during it, they make tf.function trace twice
+    model.build(inputs.shape)
+    optimizer.build(model.trainable_variables)
 
     @tf.function(autograph=False)
     def step(inputs, targets):

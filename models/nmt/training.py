@@ -61,6 +61,8 @@ class TrainingRun:
                                         args.attention, layers=args.layers, bidirectional=args.bidirectional,
                                         cells=args.cells))
         self.optimizer = tf.keras.optimizers.Adam(args.learning_rate)
+        self.model.build_variables()  # as make_train_step: the step then traces once
+        self.optimizer.build(self.model.trainable_variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
         self.checkpoints = tf.train.CheckpointManager(checkpoint, os.path.join(args.out, "checkpoints"), max_to_keep=2)

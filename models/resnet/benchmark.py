@@ -67,6 +67,7 @@ def model_and_step(batch: int, depth: int, image_size: int, classes: int, recomp
     tf.keras.utils.set_random_seed(0)
     model = resnet(depth, image_size, classes, recompute=recompute)
     optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(model.trainable_variables)  # slots now, or the step's first call traces it twice
     specs = (tf.TensorSpec([batch, image_size, image_size, 3]), tf.TensorSpec([batch], tf.int32))
 
     @tf.function(input_signature=specs, autograph=False)  # plain TensorFlow: nothing to convert

@@ -27,7 +27,7 @@ class Workload:
     options: keyword arguments of `build`, as (name, value) pairs.
     optimized: run the step through `seqmem.optimize` for `budget_mb` (MiB),
     with `safety_margin`, conserving tensors by `kinds` (with `compression`
-    for the lossy ones; see `optimize`).
+    for the lossy ones), swaps within `host_memory_mb` MiB (see `optimize`).
     """
 
     build: Callable[..., tuple[Any, Any, Any]]
@@ -37,6 +37,7 @@ class Workload:
     safety_margin: float = 0.2
     kinds: tuple[str, ...] = ("swap",)
     compression: Optional[str] = None
+    host_memory_mb: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def runnable(workload: Workload, batch: int, predict: bool = False) -> Runnable:
 
         optimized = optimize(step, workload.budget_mb, input_signature=specs, sample_inputs=inputs,
                              safety_margin=workload.safety_margin, kinds=workload.kinds,
-                             compression=workload.compression)
+                             compression=workload.compression, host_memory_mb=workload.host_memory_mb)
         return _optimized(optimized, inputs)
     predicted = None
     if predict:
@@ -82,13 +83,10 @@ def _optimized(step: Any, inputs: Any) -> Runnable:
 
 
 def trains(batch: int, workload: Workload) -> bool:
-    """Child process: True if two full training steps run and give finite losses (False if seqmem finds no plan)."""
-    from seqmem.errors import InfeasibleBudgetError
-
-    try:
-        built = runnable(workload, batch)
-    except InfeasibleBudgetError:
-        return False
+    """Child process: True if two full training steps run and give finite losses. Raises
+    InfeasibleBudgetError when seqmem finds no plan (a batch search notes the probe with the error's reason:
+    the smallest peak a plan reaches and the op it peaks at, or the host-memory limit)."""
+    built = runnable(workload, batch)
     return all(math.isfinite(float(built.step(*built.inputs))) for _ in range(2))
 
 
@@ -117,7 +115,7 @@ def measure_smallest(batch: int, workload: Workload, steps: int = 3) -> dict[str
 
     step, inputs, specs = workload.build(batch, **dict(workload.options))
     options = {"input_signature": specs, "kinds": workload.kinds, "compression": workload.compression,
-               "safety_margin": 0.0, "calibrate": False}
+               "host_memory_mb": workload.host_memory_mb, "safety_margin": 0.0, "calibrate": False}
     try:
         optimized = optimize(step, 1, **options)  # 1 MiB: a budget no training step fits
     except InfeasibleBudgetError as error:

@@ -34,6 +34,7 @@ class TrainingStep:
 
 def _train_step(model: tf.keras.Model, loss_fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]):
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+    optimizer.build(model.trainable_variables)  # slots now, or the step's first call traces it twice
 
     @tf.function(autograph=False)  # plain TensorFlow: nothing to convert, the same graph
     def step(inputs, labels):

@@ -1,8 +1,11 @@
 """The batch search's logic, with the fresh-process runner replaced by a fake device of known capacity."""
 
+import traceback
+
 import pytest
 
 from seqmem.bench import batch_search
+from seqmem.errors import InfeasibleBudgetError
 from seqmem.runtime.device import BudgetRun
 
 
@@ -13,7 +16,12 @@ def _fake_device(capacity: int, crash_at=frozenset()):
         probed.append(batch)
         if batch in crash_at:
             return BudgetRun("crashed", message="exit status -11 (SIGSEGV)\nUnable to register cuBLAS factory")
-        return BudgetRun("ok", value=probe(batch)) if batch <= capacity else BudgetRun("oom", message="OOM")
+        if batch > capacity:
+            return BudgetRun("oom", message="OOM")
+        try:
+            return BudgetRun("ok", value=probe(batch))
+        except Exception:  # what the child reports for any other exception
+            return BudgetRun("error", message=traceback.format_exc())
 
     return run_with_budget, probed
 
@@ -62,6 +70,21 @@ def test_a_batch_fits_only_when_it_trains_in_every_run(monkeypatch):
     assert found.batch == 39 and 40 not in found.values
     assert calls[39] == 3 and calls[40] == 2 and calls[64] == 1  # stops at the first run that fails
     assert found.notes == ["batch 40, run 2 of 3: oom: OOM"]
+
+
+def test_a_probe_without_a_plan_does_not_fit_and_is_noted_with_the_reason(monkeypatch):
+    def no_plan_above_20(batch):
+        if batch > 20:
+            raise InfeasibleBudgetError(f"smallest achievable peak is {batch}.0 MB (Mul 'x'); planned for 1.0 MB")
+        return True
+
+    fake, _ = _fake_device(64)
+    monkeypatch.setattr(batch_search, "run_with_budget", fake)
+    found = batch_search.largest_batch(no_plan_above_20, budget_mb=1, limit=64, start=16)
+    assert found.batch == 20
+    assert found.notes[0] == ("batch 32: error: seqmem.errors.InfeasibleBudgetError: smallest achievable peak is "
+                              "32.0 MB (Mul 'x'); planned for 1.0 MB")
+    assert [note.split(":")[0] for note in found.notes] == ["batch 32", "batch 24", "batch 22", "batch 21"]
 
 
 def test_a_falsy_result_does_not_fit(monkeypatch):
