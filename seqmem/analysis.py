@@ -68,6 +68,7 @@ def analyze_graph(
     measured_scratch_bytes: Optional[Mapping[str, int]] = None,
     inter_op_threads: int = 1,
     loop_swaps: Sequence[LoopSwap] = (),
+    loop_body_bytes: Optional[Mapping[str, int]] = None,
 ) -> StepAnalysis:
     """Analyze the training step `graph`.
 
@@ -79,6 +80,8 @@ def analyze_graph(
     `pinned_order` once pinned. More: in ASAP order, each charged the scratch
     of up to that many - 1 ops overlapping it in time.
     loop_swaps: the step's swappable loop accumulators, recorded as they are.
+    loop_body_bytes: bytes one iteration of each loop's body holds (`edge.loop_bodies`), by loop node
+    name, charged to the loop as scratch.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -89,8 +92,10 @@ def analyze_graph(
         timing = analyze_timing(graph, cost_s, anatomy.loss.node)
         scratch = static_scratch_bytes(graph)
         scratch.update(measured_scratch_bytes or {})
+        scratch.update(loop_body_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
                                 pinned_order(graph, timing), tuple(loop_swaps))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps))
+

@@ -12,6 +12,7 @@ from seqmem.analysis import StepAnalysis, analyze_graph
 from seqmem.critical_path import MachineModel
 from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
+from seqmem.edge.loop_bodies import loop_body_bytes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
@@ -42,14 +43,17 @@ def analyze_function(
         from seqmem.edge.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
+    swaps, body_bytes = _loops(graph)
     return analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
-                         inter_op_threads=inter_op_threads(), loop_swaps=_loop_accumulators(graph))
+                         inter_op_threads=inter_op_threads(), loop_swaps=swaps, loop_body_bytes=body_bytes)
 
 
-def _loop_accumulators(graph: Graph) -> list[LoopSwap]:
+def _loops(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
+    """The step's swappable loop accumulators and the bytes each of its loops' bodies holds."""
     if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
-        return []
-    return loop_accumulators(capture.to_graph_def(graph))
+        return [], {}
+    graph_def = capture.to_graph_def(graph)
+    return loop_accumulators(graph_def), loop_body_bytes(graph_def)
 
 
 def inter_op_threads() -> int:

@@ -7,6 +7,10 @@ Model (that of TensorFlow's executor with a BFC allocator):
 - View ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer;
   element-wise ops write into an input buffer of the same size whose last reader
   they are (`op_tables.INPLACE_OPS`).
+- A while loop is one node. Its outputs replace the carried values it reads
+  last (an input the same size as the output of its index: freed as the loop
+  starts); its lists, which it fills or empties, stay. One iteration's body
+  is charged as the loop's scratch (`seqmem.edge.loop_bodies`).
 - Parameters, constants, inputs and variables behind resource handles are
   persistent: counted once, for the whole step.
 - While a node runs, its inputs, its outputs and its scratch memory
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.sim.scratch import static_scratch_bytes
 
@@ -249,6 +253,11 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             if ref in resident:
                 restoring.append((copy_memory, resident.pop(ref), event.resident_bytes))
 
+        # a loop's carried values: the loop's outputs take their place once the first iteration ran
+        carried = _carried_inputs(node, buffer_of, swap_by_tensor) if node.op in FUNCTIONAL_LOOP_OPS else ()
+        for index in carried:
+            release(buffer_of[node.inputs[index]], step)
+
         new_buffers = []
         persistent = is_persistent_op(node.op)
         for index, info in enumerate(node.outputs):
@@ -292,7 +301,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         for held, handle, size in restoring:
             held.free(handle, size)
 
-        for ref in node.inputs:
+        for index, ref in enumerate(node.inputs):
+            if index in carried:
+                continue
             event = swap_by_tensor.get(ref)
             if event is not None and step >= position[event.in_before]:
                 release(copy_of[ref], step)
@@ -391,3 +402,15 @@ def _index_swaps(graph: Graph, swaps: Iterable[SwapEvent], position: Mapping[str
             raise ValueError(f"tensor {event.tensor} is swapped twice")
         by_tensor[event.tensor] = event
     return by_tensor
+
+
+def _carried_inputs(node, buffer_of, swap_by_tensor) -> tuple[int, ...]:
+    """Indices of a loop node's inputs it reads last that its output of the same index replaces (same
+    size, not a list that the loop fills or empties)."""
+    carried = []
+    for index, ref in enumerate(node.inputs[:len(node.outputs)]):
+        buffer = buffer_of[ref]
+        if (ref not in swap_by_tensor and buffer.pending == 1 and not buffer.persistent and buffer.size
+                and buffer.size == node.outputs[index].size_bytes):
+            carried.append(index)
+    return tuple(carried)

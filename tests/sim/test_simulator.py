@@ -41,6 +41,18 @@ def test_graph_outputs_live_to_the_end():
     assert simulate(g, _order(g)).devices[""].live_bytes == (100, 105)
 
 
+def test_a_loops_carried_values_are_replaced_by_its_outputs_and_its_lists_are_not():
+    g = graph(
+        node("x", "Placeholder", outputs=(8,)),
+        node("sum0", "Op", ["x"], outputs=(1000,)),          # a carried value: the loop's output 0 replaces it
+        node("list", "Op", ["x"], outputs=(3000,)),          # a list the loop empties (output 1 is smaller)
+        node("loop", "StatelessWhile", ["sum0", "list"], outputs=(1000, 0)),
+        node("out", "Op", ["loop", "loop:1"], outputs=(10,)),
+    )
+    live = simulate(g, _order(g)).devices[""].live_bytes
+    assert live[g.topological_order().index("loop")] == 1000 + 3000
+
+
 def test_swap_moves_a_tensor_off_the_device_between_out_and_in():
     g = training_graph()
     baseline = simulate(g, _order(g)).devices[""]

@@ -1,0 +1,46 @@
+"""seqmem.edge.loop_bodies: what one iteration of a loop's body holds beyond the loop's variables."""
+
+import tensorflow as tf
+
+from seqmem.edge.loop_bodies import loop_body_bytes
+
+_MIB = 1 << 20
+
+
+def _graph_def(body):
+    """A function running `body` over (i, h), h a [256, 256] float32 (256 KiB) loop variable, 3 times."""
+
+    @tf.function(autograph=False)
+    def step(h):
+        return tf.while_loop(lambda i, h: i < 3, body, (tf.constant(0), h))[1]
+
+    return step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
+
+
+def test_an_iterations_intermediates_count_and_the_loop_variables_do_not():
+    # h -> [256, 4096] (4 MiB) -> reduced back to [256, 256]: the wide intermediate is the body's
+    wide = tf.ones([256, 4096])
+    graph_def = _graph_def(lambda i, h: (i + 1, tf.reshape(tf.reduce_sum(tf.reshape(tf.tile(h, [1, 16]) * wide,
+                                                                                    [256, 256, 16]), -1), [256, 256])))
+    (loop, body_bytes), = loop_body_bytes(graph_def).items()
+    assert "while" in loop
+    # the tiled copy (4 MiB; the product is written into it) and the sum (256 KiB); `wide` is captured, an
+    # argument like the loop variables
+    assert 0 <= body_bytes - (4 * _MIB + (256 << 10)) < 1024  # and the counter's scalars
+
+
+def test_a_loop_that_only_passes_its_variables_on_holds_nothing():
+    graph_def = _graph_def(lambda i, h: (i + 1, h))
+    assert max(loop_body_bytes(graph_def).values()) < 1024  # the counter's scalars
+
+
+def test_elements_read_from_a_list_are_the_lists_bytes():
+    @tf.function(autograph=False)
+    def step(sequence):
+        elements = tf.TensorArray(tf.float32, size=3).unstack(sequence)
+        return tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, h @ elements.read(i)),
+                             (tf.constant(0), tf.zeros([256, 256])))[1]
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([3, 256, 256])).graph.as_graph_def()
+    # the product is 256 KiB; the element read (256 KiB) is the list's, not counted again
+    assert max(loop_body_bytes(graph_def).values()) < (256 << 10) + 1024
