@@ -18,9 +18,10 @@ from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
+from seqmem.swap.barriers import gradient_barriers, split_barriers
 from seqmem.swap.plan import LoopSwap
 
-__all__ = ["StepAnalysis", "analyze_graph"]
+__all__ = ["StepAnalysis", "analyze_graph", "without_barriers"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,17 @@ def analyze_graph(
         scratch.update(loop_body_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
-                                pinned_order(graph, timing), tuple(loop_swaps))
+                                pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps))
 
+def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
+    """The analysis of `analysis`'s step with its gradient barriers split (`seqmem.swap.barriers`): each
+    update may run once its own gradient exists. Same op costs and scratch bytes, one compute stream.
+    None when the step has no barrier or cannot be pinned (the split is made for a pinned order)."""
+    barriers = gradient_barriers(analysis.graph)
+    if not barriers or not analysis.pinned_order:
+        return None
+    return analyze_graph(split_barriers(analysis.graph, barriers), loss=analysis.anatomy.loss,
+                         op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
+                         inter_op_threads=1, loop_swaps=analysis.loop_swaps)

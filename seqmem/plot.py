@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analysis import StepAnalysis, without_barriers
 from seqmem.budget import swap_events
 from seqmem.critical_path import Timing
 from seqmem.files import save_figure
@@ -74,7 +74,8 @@ def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) 
     """Write a PNG of the step's predicted memory before `plan` (as it runs) and after it (in the plan's
     pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
-    planned = dataclasses.replace(analysis, order=plan.pinned_order) if plan.pinned_order else analysis
+    planned = without_barriers(analysis) if plan.split_barriers else analysis
+    planned = dataclasses.replace(planned, order=plan.pinned_order) if plan.pinned_order else planned
     after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
                      scratch_bytes=planned.scratch_bytes)
     curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]

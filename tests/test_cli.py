@@ -59,19 +59,19 @@ def _saved_mlp(path, hidden_layers=6):
 
 @pytest.mark.device
 def test_profile_and_plan_a_saved_keras_model(tmp_path, capsys):
-    # by hand: this MLP at batch 2048 predicts 148 MB and measures 148-156 MB; planned under 150 MB with a 10%
-    # margin it swaps activations and measured 135-140 MB in calibration, 128 MB in training
+    # this MLP at batch 2048 predicts 148 MB as it is; pinned, with Keras' gradient barrier split, 120.2 MB before
+    # any swap (2026-11-25), so a plan for 130 MB with a 10% margin must swap
     model = _saved_mlp(tmp_path / "mlp.keras")
     assert main(["profile", model, "--batch", "2048", "--png", str(tmp_path / "curve.png")]) == 0
     printed = capsys.readouterr().out
     assert "predicted peak" in printed and "measured peak" in printed
     plan_json = tmp_path / "plan.json"
-    assert main(["plan", model, "--batch", "2048", "--budget-mb", "150", "--safety-margin", "0.1",
+    assert main(["plan", model, "--batch", "2048", "--budget-mb", "130", "--safety-margin", "0.1",
                  "--kinds", "swap,recompute", "--host-memory-mb", "4096", "--json", str(plan_json), "--png", str(tmp_path / "plan.png")]) == 0
     printed = capsys.readouterr().out
     assert "(fits)" in printed and "trained two steps with the plan" in printed
     plan = SwapPlan.from_json(plan_json.read_text())
-    assert plan.decisions and plan.budget_bytes == 150 << 20 and plan.options.kinds == ("swap", "recompute")
+    assert plan.decisions and plan.budget_bytes == 130 << 20 and plan.options.kinds == ("swap", "recompute")
     assert plan.options.max_host_bytes == 4096 << 20
     assert plan.measured_peak_bytes <= plan.budget_bytes
     assert json.loads(plan_json.read_text())["target_bytes"] == plan.target_bytes

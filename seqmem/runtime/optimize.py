@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analysis import StepAnalysis, without_barriers
 from seqmem.budget import Baseline, plan_swaps, simulate_baseline
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
@@ -28,6 +28,7 @@ from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
+from seqmem.swap.barriers import gradient_barriers
 from seqmem.swap.plan import ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import SwapBackend
 from seqmem.units import MIB
@@ -203,7 +204,8 @@ class _Planner:
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
     pinned: a step that does not fit as it is gets pinned, to its schedule or to its own order,
-    where a pinned plan fits.
+    where a pinned plan fits; a pinned step's gradient barriers are split (`seqmem.swap.barriers`), so
+    that each update runs once its own gradient exists.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
     loop_swap_depth: `plan_swaps`' (None: no loop swaps).
     """
@@ -217,9 +219,14 @@ class _Planner:
         self._arena_bytes, self._measurable = arena_bytes, measurable
         # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
         self._orders = {"as it is": (analysis, False)}
+        self._split_barriers: tuple[str, ...] = ()  # of the pinned orders' graph
         if pinned:
-            self._orders.update({"pinned to its schedule": (analysis, True),
-                                 "pinned to its own order": (analysis.pinning_its_own_order(), True)})
+            split = without_barriers(analysis)
+            if split is not None:
+                self._split_barriers = gradient_barriers(analysis.graph)
+            pinnable = split or analysis
+            self._orders.update({"pinned to its schedule": (pinnable, True),
+                                 "pinned to its own order": (pinnable.pinning_its_own_order(), True)})
         self._baselines: dict[tuple[Optional[int], str], Baseline] = {}
 
     @property
@@ -251,8 +258,9 @@ class _Planner:
         for name in tries:
             analysis, pinned = self._orders[name]
             try:
-                return plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
+                plan = plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
                                   baseline=self._baseline(name), arena_bytes=self._arena_bytes, **self._options)
+                return dataclasses.replace(plan, split_barriers=self._split_barriers if pinned else ())
             except InfeasibleBudgetError as error:
                 failures.append(error)
         raise min(failures, key=lambda error: error.smallest_peak_bytes or 0)

@@ -3,25 +3,31 @@
 `schedule`: nodes by estimated start time (ASAP), for an executor that runs
 independent ops at once. `executor_order`: the order TensorFlow's executor runs
 a graph in with one inter-op thread (the emulated device's one compute stream).
-`pinned_order`: the order it runs the graph in once `seqmem.swap.pin` has
-chained the ASAP schedule's nodes with control edges.
+`deferred_schedule`: the ASAP schedule with what reads no step input (variables,
+constants) moved to just before its first reader. `pinned_order`: the order
+TensorFlow runs the graph in once `seqmem.swap.pin` has chained the deferred
+schedule's nodes with control edges.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from seqmem.critical_path import Timing
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import INLINE_OPS, TF1_CONTROL_FLOW_OPS
+from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, TF1_CONTROL_FLOW_OPS
 
-__all__ = ["INLINE_BELOW_S", "executor_order", "pinned_nodes", "pinned_order", "schedule"]
+__all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "pinned_nodes", "pinned_order", "schedule"]
 
 # TensorFlow's executor runs an op inline (on the thread that made it ready)
 # once its running cost estimate is under 8000 CPU cycles (kernel_stats in
 # executor.cc): about 3 microseconds on this class of CPU.
 INLINE_BELOW_S = 3e-6
+
+# a step's arguments: those holding no resource handle are its inputs (the rest are variables)
+_STEP_INPUT_OPS = frozenset(["Placeholder", "PlaceholderWithDefault", "_Arg"])
 
 
 def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
@@ -30,18 +36,43 @@ def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
     return tuple(sorted(position, key=lambda name: (timing.start_s[name], position[name])))
 
 
+def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = None) -> tuple[str, ...]:
+    """`schedule`, except that each node reading none of the step's inputs, directly or not (only
+    variables and constants: an optimizer's `momentum * slot`), and read only after the loss (by the
+    backward pass and the updates: descendants of `loss_node`), comes right before its first reader
+    instead of at the start, so that what it allocates is not held through the forward pass. Without
+    `loss_node`, the ASAP `schedule`."""
+    order = schedule(graph, timing)
+    if loss_node is None:
+        return order
+    after_loss = graph.descendants([loss_node])
+    inputs = [name for name, node in graph.nodes.items()
+              if node.op in _STEP_INPUT_OPS and any(out.dtype != "resource" for out in node.outputs)]
+    reads_inputs = graph.descendants(inputs) | set(inputs)
+    key = {name: (i, 0) for i, name in enumerate(order)}  # sorted by (position, -depth before it)
+    for name in reversed(graph.topological_order()):
+        if name in reads_inputs or graph.node(name).op in PERSISTENT_OPS:
+            continue
+        readers = graph.successors(name)
+        if readers and readers <= after_loss:
+            position, depth = min((key[reader] for reader in readers), key=lambda k: (k[0], -k[1]))
+            key[name] = (position, depth + 1)
+    topological = {name: i for i, name in enumerate(graph.topological_order())}
+    return tuple(sorted(order, key=lambda name: (key[name][0], -key[name][1], topological[name])))
+
+
 def pinned_nodes(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
     """The nodes of `order` that a pinned step chains, in that order: all but `INLINE_OPS`."""
     return tuple(name for name in order if graph.node(name).op not in INLINE_OPS)
 
 
-def pinned_order(graph: Graph, timing: Timing) -> tuple[str, ...]:
-    """The order TensorFlow's executor runs `graph` in on one inter-op thread once its ASAP `schedule` is
-    pinned: the chained nodes in schedule order, each inline node where the executor runs it.
+def pinned_order(graph: Graph, timing: Timing, loss_node: Optional[str] = None) -> tuple[str, ...]:
+    """The order TensorFlow's executor runs `graph` in on one inter-op thread once its `deferred_schedule`
+    (for `loss_node`) is pinned: the chained nodes in that order, each inline node where the executor runs it.
     Empty for a graph with TF1 control flow, which cannot be pinned."""
     if any(node.op in TF1_CONTROL_FLOW_OPS for node in graph.nodes.values()):
         return ()
-    return executor_order(graph, timing.cost_s, chain=pinned_nodes(graph, schedule(graph, timing)))
+    return executor_order(graph, timing.cost_s, chain=pinned_nodes(graph, deferred_schedule(graph, timing, loss_node)))
 
 
 def executor_order(graph: Graph, cost_s: Mapping[str, float], inline_below_s: float = INLINE_BELOW_S,

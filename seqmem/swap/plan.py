@@ -186,6 +186,10 @@ class SwapPlan:
     `optimize` calibrated it.
     pinned_order: the order the rewritten step is pinned to (`seqmem.swap.pin`),
     swap nodes aside; empty when it is not pinned.
+    split_barriers: the `IdentityN` joins removed before anything else, so that
+    each variable's update runs once its own gradient exists
+    (`seqmem.swap.barriers`); the plan's tensors and order are those of the
+    graph without them.
     loop_parallel_iterations: the most iterations any while loop of the step
     runs at once (`seqmem.edge.loops`); None: loops as traced.
     loop_swaps: loop accumulators swapped element by element; each loop then
@@ -204,6 +208,7 @@ class SwapPlan:
     notes: tuple[str, ...] = field(default=())
     measured_peak_bytes: int | None = None
     pinned_order: tuple[str, ...] = ()
+    split_barriers: tuple[str, ...] = ()
     loop_parallel_iterations: int | None = None
     loop_swaps: tuple[LoopSwap, ...] = ()
     loop_swapped_bytes: int = 0
@@ -239,6 +244,9 @@ class SwapPlan:
             lines.append(f"{len(self.loop_swaps)} loop accumulators of {loops} loop(s) swapped element by element "
                          f"({self.loop_swapped_bytes / MIB:.1f} MB; prefetch depth "
                          f"{self.loop_parallel_iterations} iteration(s))")
+        if self.split_barriers:
+            lines.append(f"updates run as their gradients come: {len(self.split_barriers)} gradient barrier(s) split "
+                         f"(see seqmem.swap.barriers)")
         if self.pinned_order:
             lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.swap.pin)")
         if self.loop_parallel_iterations is not None:
@@ -291,5 +299,6 @@ class SwapPlan:
         options = data.pop("options", None)
         options = ConservationOptions() if options is None else ConservationOptions(
             **{**options, "kinds": tuple(options["kinds"])})
-        return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ()))},
+        return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ())),
+                      "split_barriers": tuple(data.get("split_barriers", ()))},
                    decisions=decisions, skipped=skipped, loop_swaps=loop_swaps, options=options)

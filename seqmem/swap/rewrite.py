@@ -17,7 +17,8 @@ the forward nodes that made `t`, each started by the trigger, and B read the
 copy. The nodes themselves come from a backend (`seqmem.edge.swap_nodes`),
 which knows the device; this module only edits the IR.
 
-A plan with a `pinned_order` is pinned to it (`seqmem.swap.pin`), with each
+A plan's `split_barriers` are split first (`seqmem.swap.barriers`). A plan
+with a `pinned_order` is pinned to it (`seqmem.swap.pin`), with each
 swap-out right after its producer and each swap-in right after its trigger.
 """
 
@@ -30,6 +31,7 @@ from typing import Protocol
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
+from seqmem.swap.barriers import split_barriers
 from seqmem.swap.pin import pin
 from seqmem.swap.plan import SwapDecision, SwapPlan
 
@@ -59,6 +61,7 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     Raises GraphError (from the new graph's construction) if the plan names
     nodes or tensors the graph lacks.
     """
+    graph = split_barriers(graph, plan.split_barriers)
     if not plan.decisions and not plan.pinned_order:
         return graph
     replacements: dict[tuple[str, TensorRef], TensorRef] = {}

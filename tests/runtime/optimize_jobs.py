@@ -42,7 +42,7 @@ def _optimized_below_its_peak(example, **options):
 def conservation_kinds(name, batch, options, steps=2):
     """An example's step optimized with `options` (of `optimize`) vs the original, same initial weights: (kinds
     used, losses, original losses, variables equal, measured peaks, predicted peak, the original's measured
-    peaks); the plan is made below the step's predicted peak. The optimized step is measured first, in a fresh
+    peaks, the gradient barriers the plan split); the plan is made below the step's predicted peak. The optimized step is measured first, in a fresh
     arena as predicted (measured after the original, its peak rose by 12 MB in about one process in five:
     the arena's history decides which chunks are free); the original's peaks leave out what the optimized
     step left in the arena (its weights and slots)."""
@@ -67,7 +67,7 @@ def conservation_kinds(name, batch, options, steps=2):
         np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
     )
     return (sorted({d.kind for d in step.plan.decisions}), optimized_losses, losses, same_variables, peaks,
-            step.plan.predicted_peak_after_bytes, original_peaks)
+            step.plan.predicted_peak_after_bytes, original_peaks, step.plan.split_barriers)
 
 
 def host_device_backend_equivalence():

@@ -73,3 +73,35 @@ def test_graphs_with_tf1_control_flow_are_not_pinned():
     g = graph(node("x", "Placeholder"), node("p", "Placeholder"), node("s", "Switch", ["x", "p"], outputs=(4, 4)),
               node("a", "MatMul", ["s:1"]))
     assert pinned_order(g, analyze_timing(g, dict.fromkeys(g.nodes, 1.0))) == ()
+
+
+def _momentum_update():
+    """x -> f -> grad; an optimizer's `slot * momentum` reads only a variable and a constant."""
+    from seqmem.ir.graph import TensorInfo
+
+    return graph(
+        node("x", "Placeholder", outputs=(400,)),
+        node("slot", "Placeholder", outputs=(TensorInfo("resource", (), 0),)),
+        node("momentum", "Const"),
+        node("read", "ReadVariableOp", ["slot"], outputs=(4000,)),
+        node("scaled", "Mul", ["read", "momentum"], outputs=(4000,)),
+        node("f", "Conv2D", ["x"], outputs=(400,)),
+        node("g", "Conv2DBackpropInput", ["f"], outputs=(400,)),
+        node("new_slot", "AddV2", ["g", "scaled"], outputs=(4000,)),
+        node("assign", "AssignVariableOp", ["slot", "new_slot"], outputs=(), control=["read"]),
+    )
+
+
+def test_deferred_schedule_moves_what_reads_no_step_input_to_just_before_its_reader_after_the_loss():
+    from seqmem.sim.schedule import deferred_schedule
+
+    g = _momentum_update()
+    cost = {name: FAST for name in g.nodes}
+    cost.update(f=SLOW, g=SLOW)
+    timing = analyze_timing(g, cost, "g")
+    assert schedule(g, timing).index("scaled") < schedule(g, timing).index("g")  # ASAP: before the backward op
+    assert deferred_schedule(g, timing) == schedule(g, timing)  # no loss named: nothing is deferred
+    order = deferred_schedule(g, timing, "f")
+    assert order.index("g") < order.index("scaled") == order.index("new_slot") - 1
+    assert sorted(order) == sorted(g.nodes)
+    assert pinned_nodes(g, order).index("scaled") > pinned_nodes(g, order).index("g")

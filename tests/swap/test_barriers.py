@@ -1,0 +1,80 @@
+import pytest
+
+from seqmem.ir.graph import TensorRef
+from seqmem.swap.barriers import gradient_barriers, split_barriers
+from tests.builders import graph, node
+
+
+def _optimizer_step():
+    """Two gradients joined by an IdentityN (as Keras' optimizers do) before their updates."""
+    return graph(
+        node("x", "Placeholder"),
+        node("g1", "Op", ["x"]),
+        node("g2", "Op", ["g1"]),
+        node("ready", "NoOp", outputs=()),
+        node("join", "IdentityN", ["g1", "g2"], outputs=(4, 4), control=["ready"]),
+        node("update1", "AssignSub", ["join:0"], outputs=()),
+        node("update2", "AssignSub", ["join:1"], outputs=()),
+        node("after_all", "NoOp", control=["join"], outputs=()),
+        node("single", "IdentityN", ["x"]),
+        outputs=["join:1", "single"],
+    )
+
+
+def test_only_joins_of_two_or_more_tensors_are_barriers():
+    assert gradient_barriers(_optimizer_step()) == ("join",)
+
+
+def test_each_reader_reads_the_barriers_input_and_waits_for_what_the_barrier_waited_for():
+    split = split_barriers(_optimizer_step(), ("join",))
+    split.validate()
+    assert "join" not in split
+    assert split.node("update1").inputs == (TensorRef("g1"),)
+    assert split.node("update2").inputs == (TensorRef("g2"),)
+    assert split.node("update1").control_inputs == ("ready",)  # the barrier's own control input
+    assert split.node("after_all").control_inputs == ("g1", "g2", "ready")  # waits for everything it joined
+    assert split.outputs == (TensorRef("g2"), TensorRef("single"))
+    assert split.node("single").inputs == (TensorRef("x"),)  # not split
+
+
+def test_update1_no_longer_waits_for_g2():
+    g = _optimizer_step()
+    assert "g2" in g.ancestors(["update1"])
+    assert "g2" not in split_barriers(g, gradient_barriers(g)).ancestors(["update1"])
+
+
+def test_nothing_to_split_returns_the_graph_and_a_wrong_name_is_a_value_error():
+    g = _optimizer_step()
+    assert split_barriers(g, ()) is g
+    with pytest.raises(ValueError, match="single"):
+        split_barriers(g, ("single",))
+
+
+def test_a_plan_records_its_split_barriers_in_the_summary_and_the_json():
+    from seqmem.swap.plan import SwapPlan
+
+    plan = SwapPlan(budget_bytes=100, target_bytes=90, predicted_peak_before_bytes=120, predicted_peak_after_bytes=80,
+                    split_barriers=("IdentityN",))
+    assert "1 gradient barrier(s) split" in plan.summary()
+    assert SwapPlan.from_json(plan.to_json()) == plan
+
+
+def test_an_update_waits_for_the_backward_ops_that_still_read_its_weight():
+    from seqmem.ir.graph import TensorInfo
+
+    g = graph(
+        node("x", "Placeholder"),
+        node("w", "Placeholder", outputs=(TensorInfo("resource", (), 0),)),
+        node("read", "ReadVariableOp", ["w"]),
+        node("view", "Identity", ["read"]),
+        node("y", "MatMul", ["x", "view"]),
+        node("dw", "Op", ["y", "x"]),
+        node("g2", "Op", ["dw"]),
+        node("join", "IdentityN", ["dw", "g2"], outputs=(4, 4)),
+        node("update", "AssignSubVariableOp", ["w", "join:0"], outputs=(), control=["read"]),
+        node("dx", "MatMul", ["y", "view"]),  # the backward op reading the weight, not before the update otherwise
+    )
+    split = split_barriers(g, ("join",))
+    assert split.node("update").control_inputs == ("read", "view", "y", "dx")
+    assert "dx" in split.ancestors(["update"])
+    split.validate()
