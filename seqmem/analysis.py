@@ -30,8 +30,8 @@ class StepAnalysis:
     (concurrent ops' scratch included).
 
     order: the order the step runs in as it is. pinned_order: the order it runs
-    in on one compute stream once pinned to its ASAP schedule
-    (`seqmem.swap.pin`); empty when it cannot be pinned (TF1 control flow) or
+    in on one compute stream once pinned to its deferred ASAP schedule
+    (`sim.schedule.deferred_schedule`, `seqmem.swap.pin`); empty when it cannot be pinned (TF1 control flow) or
     the executor runs more than one op at a time.
     loop_swaps: the loop accumulators a plan may swap element by element
     (found by `seqmem.edge.loop_swap.loop_accumulators`).
@@ -99,6 +99,7 @@ def analyze_graph(
                                 pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps))
+
 
 def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
     """The analysis of `analysis`'s step with its gradient barriers split (`seqmem.swap.barriers`): each

@@ -4,7 +4,7 @@
 independent ops at once. `executor_order`: the order TensorFlow's executor runs
 a graph in with one inter-op thread (the emulated device's one compute stream).
 `deferred_schedule`: the ASAP schedule with what reads no step input (variables,
-constants) moved to just before its first reader. `pinned_order`: the order
+constants) and is read only after the loss moved to just before its first reader. `pinned_order`: the order
 TensorFlow runs the graph in once `seqmem.swap.pin` has chained the deferred
 schedule's nodes with control edges.
 """
