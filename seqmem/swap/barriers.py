@@ -49,8 +49,9 @@ def gradient_barriers(graph: Graph) -> tuple[str, ...]:
 def split_barriers(graph: Graph, names: tuple[str, ...]) -> Graph:
     """`graph` without the barrier nodes `names` (from `gradient_barriers`): each of their readers reads
     the barrier's input instead, and each node waiting on a barrier by a control edge waits for the
-    producers of its inputs and its own control inputs. Raises ValueError for a name that is not such a
-    barrier of `graph`."""
+    producers of its inputs and its own control inputs. Each variable writer also waits for the readers
+    of that variable's reads that do not depend on it (no copy on write). Raises ValueError for a name
+    that is not such a barrier of `graph`."""
     if not names:
         return graph
     splittable = set(gradient_barriers(graph))
