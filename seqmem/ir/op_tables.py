@@ -64,6 +64,14 @@ PERSISTENT_OPS = frozenset([
     "_Arg",
 ])
 
+# A step's arguments: those holding no resource handle are its inputs (the others
+# are variables).
+STEP_ARGUMENT_OPS = frozenset([
+    "Placeholder",
+    "PlaceholderWithDefault",
+    "_Arg",
+])
+
 # Ops that read only a tensor's metadata, never its contents.
 SHAPE_OPS = frozenset([
     "Rank",

@@ -17,7 +17,7 @@ from typing import Optional
 
 from seqmem.critical_path import Timing
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, TF1_CONTROL_FLOW_OPS
+from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, STEP_ARGUMENT_OPS, TF1_CONTROL_FLOW_OPS
 
 __all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "pinned_nodes", "pinned_order", "schedule"]
 
@@ -25,9 +25,6 @@ __all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "pinned_node
 # once its running cost estimate is under 8000 CPU cycles (kernel_stats in
 # executor.cc): about 3 microseconds on this class of CPU.
 INLINE_BELOW_S = 3e-6
-
-# a step's arguments: those holding no resource handle are its inputs (the rest are variables)
-_STEP_INPUT_OPS = frozenset(["Placeholder", "PlaceholderWithDefault", "_Arg"])
 
 
 def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
@@ -47,7 +44,7 @@ def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = N
         return order
     after_loss = graph.descendants([loss_node])
     inputs = [name for name, node in graph.nodes.items()
-              if node.op in _STEP_INPUT_OPS and any(out.dtype != "resource" for out in node.outputs)]
+              if node.op in STEP_ARGUMENT_OPS and any(out.dtype != "resource" for out in node.outputs)]
     reads_inputs = graph.descendants(inputs) | set(inputs)
     key = {name: (i, 0) for i, name in enumerate(order)}  # sorted by (position, -depth before it)
     for name in reversed(graph.topological_order()):
