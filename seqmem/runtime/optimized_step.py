@@ -1,7 +1,8 @@
 """Building the runnable step: a rewritten GraphDef run with the original function's inputs and variables.
 
 The rewritten GraphDef is imported into a `tf.compat.v1.wrap_function` with the
-original variable handles mapped in, so variables update in place.
+original variable handles mapped in, so variables update in place (assignments
+too: `seqmem.edge.in_place`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
@@ -145,7 +147,7 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
                function: Optional[capture.ConcreteFunction] = None, original: Any = None) -> OptimizedStep:
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
     tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise."""
-    graph_def = capture.to_graph_def(rewrite(analysis.graph, plan, backend))
+    graph_def = capture.to_graph_def(assign_in_place(rewrite(analysis.graph, plan, backend)))
     if plan.loop_swaps:
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:

@@ -1,0 +1,93 @@
+"""Keep variables in place: an assignment writes into the variable's buffer instead of taking the value's.
+
+TensorFlow's `AssignVariableOp` adopts its value's buffer when it is that
+value's last reader: the variable moves to wherever the value was allocated,
+among the step's activations, and its old buffer is freed. Keras' optimizers
+assign every momentum slot and batch-norm moving statistic that way, every
+step, so persistent buffers wander into the middle of the arena and split the
+free memory the next step's large tensors need (an optimized ResNet-50 step at
+batch 379 in a 1024 MiB arena peaked at 716 MiB in its first call and ran out of
+memory in its second, no free chunk left for a 95 MiB tensor).
+
+`assign_in_place` turns each such assignment into a
+`ResourceStridedSliceAssign` of the whole variable (`var[:] = value`), which
+copies the value into the variable's own buffer: the same values bit for bit,
+for one copy of the value's bytes. Like any sliced or scattered write, it puts
+the variable in TensorFlow's copy-on-read mode: from then on, in this process,
+each read of that variable copies it (the original step's reads too). The
+variables assigned so (momentum slots, moving statistics) are read once or
+twice a step. A second reader of the value does not stop
+the adoption (measured: an assignment followed by a `Sum` of its value still
+moved the variable), so the op itself is replaced. Every step seqmem rewrites
+gets this (`seqmem.runtime.optimized_step.build_step`): the simulator counts a
+variable's buffer where it was allocated, and so does the device now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+
+__all__ = ["WHOLE_SLICE_PREFIX", "assign_in_place"]
+
+WHOLE_SLICE_PREFIX = "seqmem_whole_slice"
+_NUMERIC = ("float", "bfloat", "half", "double", "int", "uint", "complex", "bool")
+
+
+def assign_in_place(graph: Graph) -> Graph:
+    """`graph` with each `AssignVariableOp` of a variable the graph does not create (its handle is not a
+    `VarHandleOp` of the graph: a TF1 initializer creates the variable it assigns) and of a numeric value
+    whose static shape is known, of rank 1 or more, and equal to that of a `ReadVariableOp` of the same
+    variable in the graph, made a
+    `ResourceStridedSliceAssign` of the whole variable (same name, inputs and control inputs; three
+    shared constants added: the slice `[0:]` of the first dimension). Unchanged when there is none."""
+    read_shapes: dict[TensorRef, set] = {}
+    for node in graph.nodes.values():
+        if node.op == "ReadVariableOp" and node.inputs and node.outputs and node.outputs[0].shape is not None:
+            read_shapes.setdefault(node.inputs[0], set()).add(node.outputs[0].shape)
+    replaced = {}
+    for name, node in graph.nodes.items():
+        if node.op != "AssignVariableOp" or len(node.inputs) != 2 or "dtype" not in node.attrs:
+            continue
+        handle, value = node.inputs
+        info = graph.tensor(value)
+        if (graph.node(handle.node).op == "VarHandleOp" or not info.dtype.startswith(_NUMERIC) or not info.shape or None in info.shape
+                or info.shape not in read_shapes.get(handle, ())):
+            continue
+        replaced[name] = node
+    if not replaced:
+        return graph
+    device = next(iter(replaced.values())).device
+    begin, end, strides = (f"{WHOLE_SLICE_PREFIX}/{part}" for part in ("begin", "end", "strides"))
+    constants = [_index_constant(begin, 0, device), _index_constant(end, 0, device), _index_constant(strides, 1, device)]
+    nodes = []
+    for name, node in graph.nodes.items():
+        if name in replaced:
+            handle, value = node.inputs
+            node = dataclasses.replace(
+                node, op="ResourceStridedSliceAssign",
+                inputs=(handle, TensorRef(begin), TensorRef(end), TensorRef(strides), value),
+                attrs=_slice_attrs(node.attrs["dtype"]))
+        nodes.append(node)
+    return graph.replace(nodes=constants + nodes)
+
+
+def _index_constant(name: str, value: int, device: str) -> Node:
+    tensor = tf.make_tensor_proto([value], dtype=tf.int32)
+    return Node(name, "Const", outputs=(TensorInfo("int32", (1,), 4),), device=device,
+                attrs={"dtype": attr_value_pb2.AttrValue(type=tf.int32.as_datatype_enum),
+                       "value": attr_value_pb2.AttrValue(tensor=tensor)})
+
+
+def _slice_attrs(dtype) -> dict:
+    """`ResourceStridedSliceAssign`'s attributes for `var[:] = value`: the first dimension whole (begin and
+    end masked), the others implied."""
+    mask = attr_value_pb2.AttrValue(i=1)
+    none = attr_value_pb2.AttrValue(i=0)
+    return {"T": dtype, "Index": attr_value_pb2.AttrValue(type=tf.int32.as_datatype_enum),
+            "begin_mask": mask, "end_mask": mask, "ellipsis_mask": none, "new_axis_mask": none,
+            "shrink_axis_mask": none}

@@ -1,0 +1,61 @@
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from seqmem.edge import capture
+from seqmem.edge.in_place import WHOLE_SLICE_PREFIX, assign_in_place
+from seqmem.ir.graph import TensorInfo, TensorRef
+from seqmem.runtime.optimized_step import graph_def_runner
+from tests.builders import graph, node
+
+
+def _assigning(value_shape=(4,), read_shape=(4,), dtype="float32", handle_op="Placeholder"):
+    """handle -> read (read_shape) -> value (value_shape, dtype) -> assign, as Keras' momentum update."""
+    float32 = attr_value_pb2.AttrValue(type=tf.float32.as_datatype_enum)
+    return graph(
+        node("m", handle_op, outputs=(TensorInfo("resource", (), 0),)),
+        node("read", "ReadVariableOp", ["m"], outputs=(TensorInfo("float32", read_shape, 16),)),
+        node("value", "Mul", ["read"], outputs=(TensorInfo(dtype, value_shape, 16),)),
+        node("ready", "NoOp", outputs=()),
+        node("assign", "AssignVariableOp", ["m", "value"], outputs=(), control=["ready"], attrs={"dtype": float32}),
+    )
+
+
+def test_an_assignment_becomes_a_whole_slice_assignment_with_its_inputs_and_control_inputs():
+    in_place = assign_in_place(_assigning())
+    in_place.validate()
+    assign = in_place.node("assign")
+    assert assign.op == "ResourceStridedSliceAssign"
+    assert assign.inputs == (TensorRef("m"), TensorRef(f"{WHOLE_SLICE_PREFIX}/begin"),
+                             TensorRef(f"{WHOLE_SLICE_PREFIX}/end"), TensorRef(f"{WHOLE_SLICE_PREFIX}/strides"),
+                             TensorRef("value"))
+    assert assign.control_inputs == ("ready",)
+    assert assign.attrs["begin_mask"].i == assign.attrs["end_mask"].i == 1
+    assert assign.attrs["T"].type == tf.float32.as_datatype_enum
+
+
+def test_scalars_unknown_or_other_shapes_non_numeric_values_and_initializers_are_left_alone():
+    for case in (_assigning((), ()), _assigning((None,), (None,)), _assigning((4,), (5,)),
+                 _assigning(dtype="variant"), _assigning(handle_op="VarHandleOp")):
+        assert assign_in_place(case) is case
+
+
+def test_the_rewritten_step_computes_what_the_original_did_bit_for_bit():
+    start = tf.random.stateless_normal([64, 32], seed=[0, 1])
+    m = tf.Variable(start)
+
+    @tf.function
+    def step(g):
+        m.assign(g * 0.1 + m * 0.9)
+        return tf.reduce_sum(m)
+
+    g = tf.random.stateless_normal([64, 32], seed=[0, 2])
+    function = step.get_concrete_function(g)
+    in_place = capture.to_graph_def(assign_in_place(capture.from_tf(function)))
+    assert "ResourceStridedSliceAssign" in {n.op for n in in_place.node}
+    losses = [float(step(g)) for _ in range(3)]
+    expected = m.numpy()
+    m.assign(start)
+    runner = graph_def_runner(function, in_place)
+    assert [float(runner(g)[0]) for _ in range(3)] == losses
+    np.testing.assert_array_equal(m.numpy(), expected)
