@@ -39,32 +39,20 @@ _NUMERIC = ("float", "bfloat", "half", "double", "int", "uint", "complex", "bool
 
 
 def assign_in_place(graph: Graph) -> Graph:
-    """`graph` with each `AssignVariableOp` of a variable the graph does not create (its handle is not a
-    `VarHandleOp` of the graph: a TF1 initializer creates the variable it assigns) and of a numeric value
-    whose static shape is known, of rank 1 or more, and equal to that of a `ReadVariableOp` of the same
-    variable in the graph, made a
-    `ResourceStridedSliceAssign` of the whole variable (same name, inputs and control inputs; three
-    shared constants added: the slice `[0:]` of the first dimension). Unchanged when there is none."""
+    """`graph` with each assignment `_in_place_eligible` allows made a `ResourceStridedSliceAssign` of the
+    whole variable (same name, inputs and control inputs; three shared constants added: the slice `[0:]`
+    of the first dimension). Unchanged when there is none."""
     read_shapes: dict[TensorRef, set] = {}
     for node in graph.nodes.values():
         if node.op == "ReadVariableOp" and node.inputs and node.outputs and node.outputs[0].shape is not None:
             read_shapes.setdefault(node.inputs[0], set()).add(node.outputs[0].shape)
-    replaced = {}
-    for name, node in graph.nodes.items():
-        if node.op != "AssignVariableOp" or len(node.inputs) != 2 or "dtype" not in node.attrs:
-            continue
-        handle, value = node.inputs
-        info = graph.tensor(value)
-        if (graph.node(handle.node).op == "VarHandleOp" or not info.dtype.startswith(_NUMERIC) or not info.shape or None in info.shape
-                or info.shape not in read_shapes.get(handle, ())):
-            continue
-        replaced[name] = node
+    replaced = [name for name, node in graph.nodes.items() if _in_place_eligible(graph, node, read_shapes)]
     if not replaced:
         return graph
-    device = next(iter(replaced.values())).device
+    device = graph.node(replaced[0]).device
     begin, end, strides = (f"{WHOLE_SLICE_PREFIX}/{part}" for part in ("begin", "end", "strides"))
-    constants = [_index_constant(begin, 0, device), _index_constant(end, 0, device), _index_constant(strides, 1, device)]
-    nodes = []
+    nodes = [_index_constant(begin, 0, device), _index_constant(end, 0, device),
+             _index_constant(strides, 1, device)]
     for name, node in graph.nodes.items():
         if name in replaced:
             handle, value = node.inputs
@@ -73,7 +61,20 @@ def assign_in_place(graph: Graph) -> Graph:
                 inputs=(handle, TensorRef(begin), TensorRef(end), TensorRef(strides), value),
                 attrs=_slice_attrs(node.attrs["dtype"]))
         nodes.append(node)
-    return graph.replace(nodes=constants + nodes)
+    return graph.replace(nodes=nodes)
+
+
+def _in_place_eligible(graph: Graph, node: Node, read_shapes: dict[TensorRef, set]) -> bool:
+    """Whether `node` is an `AssignVariableOp` of a variable the graph does not create (its handle is not a
+    `VarHandleOp` of the graph: a TF1 initializer creates the variable it assigns) and of a numeric value
+    whose static shape is known, of rank 1 or more, and equal to that of a `ReadVariableOp` of the same
+    variable (`read_shapes`: the shapes read, by handle)."""
+    if node.op != "AssignVariableOp" or len(node.inputs) != 2 or "dtype" not in node.attrs:
+        return False
+    handle, value = node.inputs
+    info = graph.tensor(value)
+    return (graph.node(handle.node).op != "VarHandleOp" and info.dtype.startswith(_NUMERIC)
+            and bool(info.shape) and None not in info.shape and info.shape in read_shapes.get(handle, ()))
 
 
 def _index_constant(name: str, value: int, device: str) -> Node:
