@@ -1,12 +1,13 @@
 """Keep variables in place: an assignment writes into the variable's buffer instead of taking the value's.
 
-TensorFlow's `AssignVariableOp` adopts its value's buffer when it is that
-value's last reader: the variable moves to wherever the value was allocated,
-among the step's activations, and its old buffer is freed. Keras' optimizers
-assign every momentum slot and batch-norm moving statistic that way, every
-step, so persistent buffers wander into the middle of the arena and split the
-free memory the next step's large tensors need (an optimized ResNet-50 step at
-batch 379 in a 1024 MiB arena peaked at 716 MiB in its first call and ran out of
+TensorFlow's `AssignVariableOp` adopts its value's buffer (measured: even when
+another op reads the value after the assignment, Grappler on or off): the
+variable moves to wherever the value was allocated, among the step's
+activations, and its old buffer is freed. Keras' optimizers assign every
+momentum slot and batch-norm moving statistic that way, every step, so
+persistent buffers wander into the middle of the arena and split the free
+memory the next step's large tensors need (an optimized ResNet-50 step at batch
+379 in a 1024 MiB arena peaked at 716 MiB in its first call and ran out of
 memory in its second, no free chunk left for a 95 MiB tensor).
 
 `assign_in_place` turns each such assignment into a
@@ -16,11 +17,9 @@ for one copy of the value's bytes. Like any sliced or scattered write, it puts
 the variable in TensorFlow's copy-on-read mode: from then on, in this process,
 each read of that variable copies it (the original step's reads too). The
 variables assigned so (momentum slots, moving statistics) are read once or
-twice a step. A second reader of the value does not stop
-the adoption (measured: an assignment followed by a `Sum` of its value still
-moved the variable), so the op itself is replaced. Every step seqmem rewrites
-gets this (`seqmem.runtime.optimized_step.build_step`): the simulator counts a
-variable's buffer where it was allocated, and so does the device now.
+twice a step. Every step seqmem rewrites gets this
+(`seqmem.runtime.optimized_step.build_step`): the simulator counts a variable's
+buffer where it was allocated, and so does the device now.
 """
 
 from __future__ import annotations
