@@ -29,6 +29,7 @@ __all__ = [
     "keras",
     "optimize",
     "profile",
+    "projected_sparse_cross_entropy",
     "simulate",
 ]
 
@@ -49,6 +50,7 @@ _HOME = {
     "MemoryEfficientBahdanauAttention": "seqmem.attention",
     "MemoryEfficientLSTM": "seqmem.recurrent",
     "MemoryEfficientGRU": "seqmem.recurrent",
+    "projected_sparse_cross_entropy": "seqmem.softmax_loss",
 }
 _MODULES = {"device": "seqmem.runtime.device", "keras": "seqmem.runtime.keras"}
 

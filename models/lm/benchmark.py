@@ -11,6 +11,9 @@ a fresh process, real OOM), the largest batch that trains two full steps under
                 feature maps)
     efficient   seqmem.MemoryEfficientLSTM: gates recomputed in backward
     both        efficient, and seqmem.optimize (its loops' accumulators swapped)
+    loss        base with seqmem's blocked softmax cross-entropy (seqmem.softmax_loss)
+    swap-loss   swap and the blocked loss
+    all         efficient, the blocked loss and seqmem.optimize
 
 A probe that crashes (a kernel dying on a full arena instead of raising) counts
 as not fitting and is listed in the notes. At B_base, each variant's measured and
@@ -40,44 +43,60 @@ from seqmem.bench.workload import measure as measure_workload
 from seqmem.runtime.device import run_with_budget
 from seqmem.files import write_json
 
-VARIANTS = {"base": ("keras", False), "swap": ("keras", True), "efficient": ("efficient", False),
-            "both": ("efficient", True)}
+# variant: (cells, loss, optimized by seqmem)
+VARIANTS = {"base": ("keras", "keras", False), "swap": ("keras", "keras", True),
+            "efficient": ("efficient", "keras", False), "both": ("efficient", "keras", True),
+            "loss": ("keras", "efficient", False), "swap-loss": ("keras", "efficient", True),
+            "all": ("efficient", "efficient", True)}
+COLUMNS = {"base": "B_base (Keras LSTM)", "swap": "swap", "efficient": "MemoryEfficientLSTM", "both": "both",
+           "loss": "blocked loss", "swap-loss": "swap + blocked loss", "all": "all"}
 
 
-def training_step(batch: int, layers: int, units: int, time_steps: int, vocab: int, cells: str = "keras"):
-    """(training step, inputs, input specs) of the language model; `cells`: "keras" or "efficient"."""
+def training_step(batch: int, layers: int, units: int, time_steps: int, vocab: int, cells: str = "keras",
+                  loss: str = "keras"):
+    """(training step, inputs, input specs) of the language model; `cells`: "keras" or "efficient" LSTM
+    layers; `loss`: "keras" (Dense logits, Keras' cross-entropy) or "efficient" (the same Dense layer's
+    weights, `seqmem.softmax_loss`)."""
     import tensorflow as tf
 
     from seqmem.recurrent import MemoryEfficientLSTM
+    from seqmem.softmax_loss import projected_sparse_cross_entropy
 
     lstm = tf.keras.layers.LSTM if cells == "keras" else MemoryEfficientLSTM
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Embedding(vocab, units)]
-                                + [lstm(units, return_sequences=True) for _ in range(layers)]
-                                + [tf.keras.layers.Dense(vocab)])
+    body = tf.keras.Sequential([tf.keras.layers.Embedding(vocab, units)]
+                               + [lstm(units, return_sequences=True) for _ in range(layers)])
+    projection = tf.keras.layers.Dense(vocab)
     optimizer = tf.keras.optimizers.SGD(1.0)
     words = tf.random.stateless_uniform([batch, time_steps + 1], seed=[0, 1], maxval=vocab, dtype=tf.int32)
     inputs, targets = words[:, :-1], words[:, 1:]
     # every variable exists before the first trace: created during it, they make tf.function trace twice
-    model.build(inputs.shape)
-    optimizer.build(model.trainable_variables)
+    body.build(inputs.shape)
+    projection.build([None, units])
+    variables = body.trainable_variables + projection.trainable_variables
+    optimizer.build(variables)
+
+    def token_losses(features, targets):
+        if loss == "efficient":
+            return projected_sparse_cross_entropy(features, targets, projection.kernel, projection.bias)
+        return tf.keras.losses.sparse_categorical_crossentropy(targets, projection(features), from_logits=True)
 
     @tf.function(autograph=False)
     def step(inputs, targets):
         with tf.GradientTape() as tape:
-            logits = model(inputs, training=True)
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
-        gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables), 5.0)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
+            mean_loss = tf.reduce_mean(token_losses(body(inputs, training=True), targets))
+        gradients, _ = tf.clip_by_global_norm(tape.gradient(mean_loss, variables), 5.0)
+        optimizer.apply_gradients(zip(gradients, variables))
+        return mean_loss
 
     return step, (inputs, targets), [tf.TensorSpec(t.shape, t.dtype) for t in (inputs, targets)]
 
 
 def workload(variant: str, layers: int, units: int, time_steps: int, vocab: int, budget_mb: int) -> Workload:
     """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
-    cells, optimized = VARIANTS[variant]
-    options = (("layers", layers), ("units", units), ("time_steps", time_steps), ("vocab", vocab), ("cells", cells))
+    cells, loss, optimized = VARIANTS[variant]
+    options = (("layers", layers), ("units", units), ("time_steps", time_steps), ("vocab", vocab), ("cells", cells),
+               ("loss", loss))
     return Workload(training_step, options, optimized=optimized, budget_mb=budget_mb)
 
 
@@ -164,17 +183,17 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"Table 2(a): largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
              f"LSTM units {args['units']}, {args['time_steps']} steps, vocabulary {args['vocab']}; "
              f"ratio to B_base in parentheses",
-             "| layers | B_base (Keras LSTM) | swap | MemoryEfficientLSTM | both |", "|---:|---:|---:|---:|---:|"]
+             "| layers | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
     for row in report["rows"]:
         batch = row["batch"]
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
-                                        for v in ("swap", "efficient", "both")]
+                                        for v in list(VARIANTS)[1:]]
         lines.append(f"| {row['layers']} | " + " | ".join(cells) + " |")
     measured_rows = [row for row in report["rows"] if row.get("at_base")]
     if measured_rows:
         lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, conserved "
                       "tensors and loop lists, target tokens/s (vs base)",
-                  "| layers | batch | base | swap | efficient | both |", "|---:|---:|---|---|---|---|"]
+                  "| layers | batch | " + " | ".join(VARIANTS) + " |", "|---:|---:" + "|---" * len(VARIANTS) + "|"]
     for row in measured_rows:
         measured = row["at_base"]
         reference = measured["base"].get("tokens_per_s")

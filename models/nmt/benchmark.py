@@ -3,14 +3,15 @@
 For an attention NMT training step (LSTM encoder and decoder, units 256, source
 and target of T tokens) at each T, on the emulated device (every probe a fresh
 process, real OOM), the largest batch that trains two full steps under
---budget-mb for six variants:
+--budget-mb for seven variants:
 
     base        tfa's BahdanauAttention, Keras' LSTM, no seqmem        (B_base)
     swap        base + seqmem.optimize (feature maps and loop accumulators swapped)
     efficient   seqmem's MemoryEfficientBahdanauAttention
     both        efficient attention and swapping
     cells       seqmem's MemoryEfficientLSTM (encoder) and MemoryEfficientLSTMCell (decoder)
-    all         efficient attention, efficient cells and swapping
+    loss        seqmem's blocked softmax cross-entropy (seqmem.softmax_loss)
+    all         efficient attention, efficient cells, the blocked loss and swapping
 
 and, at B_base for every variant (in an arena of twice the budget, so a step over
 the budget is still measured): the measured peak beside seqmem's predicted one,
@@ -41,24 +42,26 @@ from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
 from seqmem.runtime.device import run_with_budget
 
-# variant: (attention, cells, optimized by seqmem)
-VARIANTS = {"base": ("tfa", "keras", False), "swap": ("tfa", "keras", True),
-            "efficient": ("efficient", "keras", False), "both": ("efficient", "keras", True),
-            "cells": ("tfa", "efficient", False), "all": ("efficient", "efficient", True)}
+# variant: (attention, cells, loss, optimized by seqmem)
+VARIANTS = {"base": ("tfa", "keras", "keras", False), "swap": ("tfa", "keras", "keras", True),
+            "efficient": ("efficient", "keras", "keras", False), "both": ("efficient", "keras", "keras", True),
+            "cells": ("tfa", "efficient", "keras", False), "loss": ("tfa", "keras", "efficient", False),
+            "all": ("efficient", "efficient", "efficient", True)}
 COLUMNS = {"base": "B_base (tfa)", "swap": "swap", "efficient": "efficient attention", "both": "both",
-           "cells": "efficient cells", "all": "all"}
+           "cells": "efficient cells", "loss": "blocked loss", "all": "all"}
 
 
-def training_step(batch: int, time_steps: int, units: int, vocab: int, attention: str = "tfa", cells: str = "keras"):
-    """(training step, inputs, input specs) of the NMT model with `attention` ("tfa" or "efficient") and
-    `cells` ("keras" or "efficient")."""
+def training_step(batch: int, time_steps: int, units: int, vocab: int, attention: str = "tfa", cells: str = "keras",
+                  loss: str = "keras"):
+    """(training step, inputs, input specs) of the NMT model with `attention` ("tfa" or "efficient"),
+    `cells` ("keras" or "efficient") and `loss` ("keras" or "efficient")."""
     import tensorflow as tf
 
     from models.nmt.model import NMTConfig, NMTModel, make_train_step
 
     tf.keras.utils.set_random_seed(0)
     model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention,
-                                 cells=cells))
+                                 cells=cells, loss=loss))
     rng = np.random.default_rng(0)
     tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)), tf.int32)  # noqa: E731
     lengths = tf.fill([batch], time_steps)
@@ -68,9 +71,9 @@ def training_step(batch: int, time_steps: int, units: int, vocab: int, attention
 
 def workload(variant: str, time_steps: int, units: int, vocab: int, budget_mb: int) -> Workload:
     """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
-    attention, cells, swapping = VARIANTS[variant]
+    attention, cells, loss, swapping = VARIANTS[variant]
     options = (("time_steps", time_steps), ("units", units), ("vocab", vocab), ("attention", attention),
-               ("cells", cells))
+               ("cells", cells), ("loss", loss))
     return Workload(training_step, options, optimized=swapping, budget_mb=budget_mb)
 
 
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="comma-separated variants to run, base among them (default: all six)")
+                        help="comma-separated variants to run, base among them (default: all seven)")
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -4,7 +4,9 @@ layers wrapped in `tfa.seq2seq.AttentionWrapper` with additive attention (tfa's
 `BahdanauAttention` or seqmem's `MemoryEfficientBahdanauAttention`), Keras' LSTM layers and
 cells or seqmem's memory-efficient ones (same weights, recomputed in backward),
 `BasicDecoder` + `TrainingSampler` for teacher-forced training, greedy and
-beam-search decoding for inference, and a masked cross-entropy loss.
+beam-search decoding for inference, and a masked cross-entropy loss, over Keras'
+full [B, T, V] logits or block by block from the decoder's outputs
+(`seqmem.softmax_loss`, same projection weights).
 """
 
 from __future__ import annotations
@@ -16,18 +18,24 @@ import tensorflow_addons as tfa
 
 from seqmem.attention import MemoryEfficientBahdanauAttention
 from seqmem.recurrent import MemoryEfficientLSTM, MemoryEfficientLSTMCell
+from seqmem.softmax_loss import projected_sparse_cross_entropy
 
-__all__ = ["ATTENTIONS", "CELLS", "NMTConfig", "NMTModel", "make_train_step", "masked_cross_entropy"]
+__all__ = ["ATTENTIONS", "CELLS", "LOSSES", "NMTConfig", "NMTModel", "make_train_step", "masked_cross_entropy",
+           "masked_mean"]
 
 ATTENTIONS = {"tfa": tfa.seq2seq.BahdanauAttention, "efficient": MemoryEfficientBahdanauAttention}
 # (encoder layer, decoder cell) of each kind of recurrent cell
 CELLS = {"keras": (tf.keras.layers.LSTM, tf.keras.layers.LSTMCell),
          "efficient": (MemoryEfficientLSTM, MemoryEfficientLSTMCell)}
+# how the training loss is computed: from the decoder's [B, T, V] logits, or block by block from its outputs
+LOSSES = ("keras", "efficient")
 
 
 @dataclass(frozen=True)
 class NMTConfig:
-    """Model sizes. attention: "tfa" or "efficient"; cells: "keras" or "efficient" (encoder and decoder)."""
+    """Model sizes. attention: "tfa" or "efficient"; cells: "keras" or "efficient" (encoder and decoder);
+    loss: "keras" (the decoder projects every step to logits) or "efficient" (`token_losses` projects the
+    decoder's outputs block by block, `seqmem.softmax_loss`)."""
 
     source_vocab: int = 1000
     target_vocab: int = 1000
@@ -37,12 +45,15 @@ class NMTConfig:
     layers: int = 1
     bidirectional: bool = False
     cells: str = "keras"
+    loss: str = "keras"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, got {self.attention!r}")
         if self.cells not in CELLS:
             raise ValueError(f"cells must be one of {sorted(CELLS)}, got {self.cells!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {list(LOSSES)}, got {self.loss!r}")
         for name in ("source_vocab", "target_vocab", "units", "layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -52,6 +63,7 @@ class NMTConfig:
 
 class NMTModel(tf.keras.Model):
     """call(source, source_length, target_in) -> (logits [B, T_tgt, V], final alignments [B, T_src]);
+    token_losses(source, source_length, target_in, target_out) -> cross-entropy [B, T_tgt];
     translate(source, source_length, bos_id, eos_id, max_length, beam_width) -> token ids [B, <= max_length]."""
 
     def __init__(self, config: NMTConfig) -> None:
@@ -97,13 +109,25 @@ class NMTModel(tf.keras.Model):
         return self.cell.get_initial_state(batch_size=batch, dtype=dtype).clone(cell_state=cell_state)
 
     def call(self, source, source_length, target_in):
+        return self._decode(source, source_length, target_in, self.projection)
+
+    def token_losses(self, source, source_length, target_in, target_out):
+        """Teacher-forced cross-entropy of each target token [B, T_tgt] (config.loss says how)."""
+        if self.config.loss == "keras":
+            logits, _ = self(source, source_length, target_in)
+            return tf.keras.losses.sparse_categorical_crossentropy(target_out, logits, from_logits=True)
+        outputs, _ = self._decode(source, source_length, target_in, None)
+        return projected_sparse_cross_entropy(outputs, target_out, self.projection.kernel, self.projection.bias)
+
+    def _decode(self, source, source_length, target_in, output_layer):
+        """Teacher-forced decoder outputs (through `output_layer`, if any) and the final alignments."""
         memory, states = self._encode(source, source_length)
         self.attention.setup_memory(memory, memory_sequence_length=source_length)
         batch = tf.shape(source)[0]
         steps = tf.shape(target_in)[1]
         # maximum_iterations bounds the decoder loop by the target length, so the loop's saved
         # activations have a known size (seqmem's analysis reads it from the loop condition)
-        decoder = tfa.seq2seq.BasicDecoder(self.cell, tfa.seq2seq.TrainingSampler(), output_layer=self.projection,
+        decoder = tfa.seq2seq.BasicDecoder(self.cell, tfa.seq2seq.TrainingSampler(), output_layer=output_layer,
                                            maximum_iterations=steps)
         outputs, state, _ = decoder(
             self.target_embedding(target_in), initial_state=self._initial_state(states, batch, memory.dtype),
@@ -138,11 +162,16 @@ class NMTModel(tf.keras.Model):
         return outputs.predicted_ids[:, :, 0]
 
 
+def masked_mean(token_losses, target_length):
+    """Mean of [B, T] token losses over the first `target_length` positions of each sentence."""
+    mask = tf.sequence_mask(target_length, tf.shape(token_losses)[1], dtype=token_losses.dtype)
+    return tf.reduce_sum(token_losses * mask) / tf.reduce_sum(mask)
+
+
 def masked_cross_entropy(target_out, logits, target_length):
     """Mean token cross-entropy over the first `target_length` positions of each sentence."""
-    mask = tf.sequence_mask(target_length, tf.shape(target_out)[1], dtype=logits.dtype)
-    losses = tf.keras.losses.sparse_categorical_crossentropy(target_out, logits, from_logits=True)
-    return tf.reduce_sum(losses * mask) / tf.reduce_sum(mask)
+    return masked_mean(tf.keras.losses.sparse_categorical_crossentropy(target_out, logits, from_logits=True),
+                       target_length)
 
 
 def make_train_step(model: NMTModel, learning_rate: float = 1e-3):
@@ -158,8 +187,7 @@ def make_train_step(model: NMTModel, learning_rate: float = 1e-3):
     @tf.function(autograph=False)
     def train_step(source, source_length, target_in, target_out, target_length):
         with tf.GradientTape() as tape:
-            logits, _ = model(source, source_length, target_in)
-            loss = masked_cross_entropy(target_out, logits, target_length)
+            loss = masked_mean(model.token_losses(source, source_length, target_in, target_out), target_length)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss

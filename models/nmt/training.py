@@ -12,7 +12,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from models.nmt.data import BOS, EOS, Vocabulary, detokenize, make_dataset, read_parallel, tokenize
-from models.nmt.model import NMTConfig, NMTModel, masked_cross_entropy
+from models.nmt.model import NMTConfig, NMTModel, masked_mean
 from models.nmt.synthetic import write_corpus
 
 __all__ = ["TrainingRun", "bleu", "corpus_pairs"]
@@ -59,7 +59,7 @@ class TrainingRun:
                                     max_length=args.max_length, shuffle_seed=args.seed, drop_remainder=True)
         self.model = NMTModel(NMTConfig(len(self.source_vocab), len(self.target_vocab), args.units,
                                         args.attention, layers=args.layers, bidirectional=args.bidirectional,
-                                        cells=args.cells))
+                                        cells=args.cells, loss=args.loss))
         self.optimizer = tf.keras.optimizers.Adam(args.learning_rate)
         self.model.build_variables()  # as make_train_step: the step then traces once
         self.optimizer.build(self.model.trainable_variables)
@@ -71,8 +71,7 @@ class TrainingRun:
 
     def _step_function(self, source, source_length, target_in, target_out, target_length):
         with tf.GradientTape() as tape:
-            logits, _ = self.model(source, source_length, target_in)
-            loss = masked_cross_entropy(target_out, logits, target_length)
+            loss = masked_mean(self.model.token_losses(source, source_length, target_in, target_out), target_length)
         variables = self.model.trainable_variables
         self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         return loss

@@ -20,7 +20,7 @@ def test_report_gives_ratios_to_the_base_batch_and_the_notes():
                         "notes": {"base": ["batch 20: crashed: Fatal Python error: Segmentation fault"]}}]}
     printed = benchmark.format_report(report)
     assert "trains two steps in a fresh process, real OOM, one stream" in printed
-    assert "| 16 | 10 | - | 25 (2.50x) | - |" in printed
+    assert "| 16 | 10 | - | 25 (2.50x) | - | - | - | - |" in printed
     assert "note (16 layers, base): batch 20: crashed" in printed
     assert "At B_base" not in printed  # no row was measured at B_base
 

@@ -129,6 +129,34 @@ def test_efficient_cells_load_the_keras_models_checkpoint_and_give_its_gradients
         NMTConfig(cells="cudnn")
 
 
+def test_blocked_loss_loads_the_keras_models_checkpoint_and_gives_its_loss_and_gradients(tmp_path):
+    from models.nmt.model import NMTConfig, NMTModel, masked_cross_entropy, masked_mean
+
+    rng = np.random.default_rng(1)
+    source, target_in, target_out = (tf.constant(rng.integers(1, 30, (3, 6)), tf.int32) for _ in range(3))
+    lengths = tf.constant([6, 4, 5])
+    results = []
+    for loss in ("keras", "efficient"):
+        model = NMTModel(NMTConfig(30, 30, units=8, loss=loss))
+        model.build_variables()
+        checkpoint = tf.train.Checkpoint(model=model)
+        if loss == "keras":
+            path = checkpoint.write(str(tmp_path / "keras"))
+        else:
+            checkpoint.read(path).assert_consumed()
+        with tf.GradientTape() as tape:
+            mean = masked_mean(model.token_losses(source, lengths, target_in, target_out), lengths)
+        gradients = tape.gradient(mean, model.trainable_variables)
+        results.append([mean.numpy()] + [tf.convert_to_tensor(g).numpy() for g in gradients])
+        if loss == "keras":  # token_losses is the masked cross-entropy of call's logits
+            logits, _ = model(source, lengths, target_in)
+            assert mean.numpy() == masked_cross_entropy(target_out, logits, lengths).numpy()
+    for keras, efficient in zip(*results):
+        np.testing.assert_allclose(efficient, keras, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        NMTConfig(loss="sampled")
+
+
 @pytest.mark.slow
 @pytest.mark.device
 def test_training_learns_the_synthetic_language_and_decodes(tmp_path):

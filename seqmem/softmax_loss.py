@@ -1,0 +1,125 @@
+"""Memory-efficient softmax cross-entropy over a projection to a vocabulary.
+
+A sequence model's loss projects features [..., H] to logits [..., V] and takes
+the softmax cross-entropy against integer labels. Written with Keras' `Dense`
+and `sparse_categorical_crossentropy`, training holds [rows, V] tensors at
+once: the logits, the cross-entropy kernel's gradient (computed in the forward
+pass and kept for backward), and the logits' gradient. For a language model
+over 10000 words at 35 steps that is 1.4 MB a sentence each, more than the
+recurrent layers keep.
+
+`projected_sparse_cross_entropy` computes the same per-position losses block
+by block along the rows: each block's logits exist only while its loss is
+computed, and the backward pass recomputes them block by block (one matrix
+product more per block) to form that block's gradients. Neither pass holds
+more than one block's [rows / blocks, V] tensors. The blocks run one after
+another (control edges), also in backward, where each waits for the incoming
+gradient so that no recomputation runs ahead of it.
+
+Values equal the unblocked computation up to float rounding: the kernel's and
+the bias's gradients are summed block by block instead of in one product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+__all__ = ["projected_sparse_cross_entropy"]
+
+
+def projected_sparse_cross_entropy(features, labels, kernel, bias=None, *, blocks: int = 8):
+    """Per-position cross-entropy of softmax(features @ kernel + bias) against `labels`.
+
+    features: float [..., H]; labels: integer [...], the leading shape of
+    `features`, each in [0, V); kernel: [H, V] (a Keras `Dense` layer's
+    `kernel`); bias: [V] or None. blocks: how many row blocks the
+    [rows, V] logits are computed in (rows = the product of `labels`' shape).
+    Returns float losses shaped like `labels`, equal to
+    `tf.nn.sparse_softmax_cross_entropy_with_logits(labels, features @ kernel + bias)`
+    up to float rounding, differentiable in `features`, `kernel` and `bias`.
+    Raises ValueError for `blocks` below 1, non-float features, non-integer
+    labels, or shapes that do not fit together.
+    """
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise ValueError(f"blocks must be a positive int, got {blocks!r}")
+    features, labels, kernel = (tf.convert_to_tensor(t) for t in (features, labels, kernel))
+    parameters = [kernel] if bias is None else [kernel, tf.convert_to_tensor(bias)]
+    _check(features, labels, parameters)
+    units = features.shape[-1]
+    rows = labels.shape.num_elements()  # None when the labels' shape is not static
+    flat_features = tf.reshape(features, [-1 if rows is None else rows, units])
+    flat_labels = tf.reshape(labels, [-1])
+    bounds = _block_bounds(rows if rows is not None else tf.shape(flat_labels)[0], blocks)
+    losses = _blocked_loss(flat_labels, bounds)(flat_features, *parameters)
+    return tf.reshape(losses, tf.shape(labels))
+
+
+def _check(features: tf.Tensor, labels: tf.Tensor, parameters: list[tf.Tensor]) -> None:
+    if not features.dtype.is_floating:
+        raise ValueError(f"features must be floating point, got {features.dtype.name}")
+    if not labels.dtype.is_integer:
+        raise ValueError(f"labels must be integer class ids, got {labels.dtype.name}")
+    kernel = parameters[0]
+    if kernel.shape.rank != 2 or features.shape.rank is None or features.shape.rank < 1:
+        raise ValueError(f"features must be [..., H] and kernel [H, V], got {features.shape} and {kernel.shape}")
+    if not features.shape[-1:].is_compatible_with(kernel.shape[:1]) or features.shape[-1] is None:
+        raise ValueError(f"features' last dimension must be known and equal kernel's first: "
+                         f"features {features.shape}, kernel {kernel.shape}")
+    if not labels.shape.is_compatible_with(features.shape[:-1]):
+        raise ValueError(f"labels must have features' leading shape {features.shape[:-1]}, got {labels.shape}")
+    if len(parameters) == 2 and not parameters[1].shape.is_compatible_with(kernel.shape[1:]):
+        raise ValueError(f"bias must be [V] = {kernel.shape[1:]}, got {parameters[1].shape}")
+    if any(p.dtype != features.dtype for p in parameters):
+        raise ValueError(f"kernel and bias must have features' dtype {features.dtype.name}, got "
+                         f"{', '.join(p.dtype.name for p in parameters)}")
+
+
+def _block_bounds(rows, blocks: int) -> list[tuple]:
+    """(start, end) of each row block: Python ints when `rows` is one, else scalar tensors."""
+    if isinstance(rows, int):
+        size = max(1, math.ceil(rows / blocks))
+        return [(start, min(start + size, rows)) for start in range(0, rows, size)] or [(0, 0)]
+    size = (rows + blocks - 1) // blocks
+    return [(tf.minimum(i * size, rows), tf.minimum((i + 1) * size, rows)) for i in range(blocks)]
+
+
+def _logits(features, parameters, after):
+    """features @ kernel (+ bias), the product made only once every op in `after` has run."""
+    with tf.control_dependencies(after):
+        logits = tf.matmul(features, parameters[0])
+    return logits if len(parameters) == 1 else tf.nn.bias_add(logits, parameters[1])
+
+
+def _blocked_loss(labels: tf.Tensor, bounds: list[tuple]):
+    """The custom-gradient function (features [rows, H], kernel, [bias]) -> losses [rows]."""
+
+    @tf.custom_gradient
+    def blocked_loss(features, *parameters):
+        losses, after = [], []
+        for start, end in bounds:
+            logits = _logits(features[start:end], parameters, after)  # one block's logits at a time
+            loss, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels[start:end])
+            losses.append(loss)
+            after = [loss]
+
+        def grad(d_losses):
+            d_features, d_parameters = [], [None] * len(parameters)
+            after = [d_losses]  # recompute only once the loss's gradient has arrived
+            for start, end in bounds:
+                logits = _logits(features[start:end], parameters, after)
+                _, softmax_minus_one_hot = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+                    features=logits, labels=labels[start:end])
+                d_logits = softmax_minus_one_hot * d_losses[start:end, tf.newaxis]
+                d_features.append(tf.matmul(d_logits, parameters[0], transpose_b=True))
+                block = [tf.matmul(features[start:end], d_logits, transpose_a=True)]
+                if len(parameters) == 2:
+                    block.append(tf.reduce_sum(d_logits, axis=0))
+                d_parameters = [b if total is None else total + b for total, b in zip(d_parameters, block)]
+                after = [d_features[-1], *d_parameters]
+            return (tf.concat(d_features, axis=0), *d_parameters)
+
+        return tf.concat(losses, axis=0), grad
+
+    return blocked_loss
