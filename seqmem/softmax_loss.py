@@ -5,8 +5,8 @@ the softmax cross-entropy against integer labels. Written with Keras' `Dense`
 and `sparse_categorical_crossentropy`, training holds [rows, V] tensors at
 once: the logits, the cross-entropy kernel's gradient (computed in the forward
 pass and kept for backward), and the logits' gradient. For a language model
-over 10000 words at 35 steps that is 1.4 MB a sentence each, more than the
-recurrent layers keep.
+over 10000 words at 35 steps that is 1.4 MB a sentence each, where an LSTM
+layer of 650 units keeps about 0.6 MB (7 [650] float32 tensors a step).
 
 `projected_sparse_cross_entropy` computes the same per-position losses block
 by block along the rows: each block's logits exist only while its loss is
