@@ -54,41 +54,15 @@ COLUMNS = {"base": "B_base (Keras LSTM)", "swap": "swap", "efficient": "MemoryEf
 
 def training_step(batch: int, layers: int, units: int, time_steps: int, vocab: int, cells: str = "keras",
                   loss: str = "keras"):
-    """(training step, inputs, input specs) of the language model; `cells`: "keras" or "efficient" LSTM
-    layers; `loss`: "keras" (Dense logits, Keras' cross-entropy) or "efficient" (the same Dense layer's
-    weights, `seqmem.softmax_loss`)."""
+    """(training step, inputs, input specs) of the language model (`models.lm.model`) on one batch of
+    seeded random words; `cells` and `loss` as `language_model` takes them."""
     import tensorflow as tf
 
-    from seqmem.recurrent import MemoryEfficientLSTM
-    from seqmem.softmax_loss import projected_sparse_cross_entropy
+    from models.lm.model import language_model
 
-    lstm = tf.keras.layers.LSTM if cells == "keras" else MemoryEfficientLSTM
-    tf.keras.utils.set_random_seed(0)
-    body = tf.keras.Sequential([tf.keras.layers.Embedding(vocab, units)]
-                               + [lstm(units, return_sequences=True) for _ in range(layers)])
-    projection = tf.keras.layers.Dense(vocab)
-    optimizer = tf.keras.optimizers.SGD(1.0)
+    step = language_model(layers, units, vocab, cells, loss).train_step()
     words = tf.random.stateless_uniform([batch, time_steps + 1], seed=[0, 1], maxval=vocab, dtype=tf.int32)
     inputs, targets = words[:, :-1], words[:, 1:]
-    # every variable exists before the first trace: created during it, they make tf.function trace twice
-    body.build(inputs.shape)
-    projection.build([None, units])
-    variables = body.trainable_variables + projection.trainable_variables
-    optimizer.build(variables)
-
-    def token_losses(features, targets):
-        if loss == "efficient":
-            return projected_sparse_cross_entropy(features, targets, projection.kernel, projection.bias)
-        return tf.keras.losses.sparse_categorical_crossentropy(targets, projection(features), from_logits=True)
-
-    @tf.function(autograph=False)
-    def step(inputs, targets):
-        with tf.GradientTape() as tape:
-            mean_loss = tf.reduce_mean(token_losses(body(inputs, training=True), targets))
-        gradients, _ = tf.clip_by_global_norm(tape.gradient(mean_loss, variables), 5.0)
-        optimizer.apply_gradients(zip(gradients, variables))
-        return mean_loss
-
     return step, (inputs, targets), [tf.TensorSpec(t.shape, t.dtype) for t in (inputs, targets)]
 
 
