@@ -3,7 +3,9 @@
 Each variant (as `models.lm.benchmark` names them: base, swap, efficient, ...)
 trains the same model from the same seeded weights on the same words of a
 synthetic Markov source (`models.lm.corpus`, whose own perplexity is the floor
-a model can reach), in a fresh process on an emulated device of --arena-mb
+a model can reach) or of a PTB-format folder (--data: ptb.train.txt and
+ptb.valid.txt, one sentence a line; the vocabulary is the training file's
+words, as TF-LM builds it), in a fresh process on an emulated device of --arena-mb
 with one compute stream and TensorFlow's op determinism on. Optimized variants
 are planned by `seqmem.optimize` for --budget-mb, below the base step's peak,
 so that their plans swap. Every step's loss and, every --eval-every steps, the
@@ -11,6 +13,7 @@ validation perplexity are recorded, with each variant's highest step peak.
 
     python -m models.lm.train --out results/lm-training          # 2 layers of 256 units, 500 steps
     python -m models.lm.train --quick --out /tmp/lm              # 2 layers of 64 units, 20 steps
+    python -m models.lm.train --data simple-examples/data --units 200 --out run   # PTB, TF-LM's small size
 
 Writes lm-training.json and lm-perplexity.png under --out and prints, per
 variant, the final perplexity, the peak and how far its losses are from base's
@@ -34,6 +37,7 @@ from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
 
 from models.lm.benchmark import VARIANTS
+from models.lm.corpus import MarkovSource, read_ptb, window_count, windows
 from models.lm.model import OPTIMIZERS
 
 
@@ -44,16 +48,14 @@ def train_variant(variant: str, settings: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    from models.lm.corpus import MarkovSource, windows
     from models.lm.model import language_model
     from seqmem.runtime.device import memory_stats, reset_peak
 
     tf.config.experimental.enable_op_determinism()
     cells, loss, optimized = VARIANTS[variant]
     batch, time_steps = settings["batch_size"], settings["time_steps"]
-    source = MarkovSource(settings["vocab"], seed=settings["seed"])
-    train = windows(source.sample(settings["train_words"], seed=1), batch, time_steps)
-    valid = windows(source.sample(settings["valid_words"], seed=2), batch, time_steps)
+    train_words, valid_words, floor = corpus_words(settings)
+    train, valid = windows(train_words, batch, time_steps), windows(valid_words, batch, time_steps)
     model = language_model(settings["layers"], settings["units"], settings["vocab"], cells, loss,
                            settings["optimizer"], settings["learning_rate"], seed=settings["seed"])
     step, swaps = model.train_step(), 0
@@ -78,7 +80,18 @@ def train_variant(variant: str, settings: dict[str, Any]) -> dict[str, Any]:
             perplexities.append({"step": index + 1, "perplexity": math.exp(mean)})
     return {"losses": losses, "perplexities": perplexities, "peak_bytes": max(peaks), "swaps": swaps,
             "median_step_s": sorted(seconds)[len(seconds) // 2],
-            "source_perplexity": source.perplexity(valid[:, :, :-1], valid[:, :, 1:])}
+            "source_perplexity": None if floor is None else floor(valid[:, :, :-1], valid[:, :, 1:])}
+
+
+def corpus_words(settings: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(training words, validation words, the source's perplexity function or None): PTB-format text from
+    settings["data"] (`models.lm.corpus.read_ptb`), or else the synthetic source of settings["vocab"] words."""
+    if settings["data"] is not None:
+        corpus = read_ptb(settings["data"])
+        return corpus.train, corpus.valid, None
+    source = MarkovSource(settings["vocab"], seed=settings["seed"])
+    return (source.sample(settings["train_words"], seed=1), source.sample(settings["valid_words"], seed=2),
+            source.perplexity)
 
 
 def _split(window) -> tuple[Any, Any]:
@@ -100,22 +113,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="base,efficient,swap", help=f"comma-separated, base first; of {list(VARIANTS)}")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--units", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--data", help="a PTB-format folder (ptb.train.txt, ptb.valid.txt) instead of the "
+                                       "synthetic source")
+    parser.add_argument("--vocab", type=int, help="the synthetic source's words (default 1000; with --data, "
+                                                  "the training file's)")
     parser.add_argument("--time-steps", type=int, default=35)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=25, help="steps between validation perplexities")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="sgd: TF-LM's (try rate 1.0)")
     parser.add_argument("--learning-rate", type=float, default=5e-3)
-    parser.add_argument("--train-words", type=int, default=400_000)
-    parser.add_argument("--valid-words", type=int, default=40_000)
+    parser.add_argument("--train-words", type=int, default=400_000, help="the synthetic source's")
+    parser.add_argument("--valid-words", type=int, default=40_000, help="the synthetic source's")
     parser.add_argument("--budget-mb", type=int, default=48, help="the budget optimized variants plan for")
     parser.add_argument("--arena-mb", type=int, default=256, help="the emulated device every variant trains on")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=int, default=3600, help="limit for one variant's process")
     args = parser.parse_args(argv)
+    if args.data is not None and args.vocab is not None:
+        parser.error("--vocab sets the synthetic source's words; with --data the vocabulary is the training file's")
     if args.quick:
-        args.layers, args.units, args.vocab, args.time_steps, args.batch_size = 2, 64, 100, 20, 32
+        args.layers, args.units, args.time_steps, args.batch_size = 2, 64, 20, 32
+        args.vocab = 100 if args.data is None else None
         args.steps, args.eval_every, args.train_words, args.valid_words = 20, 10, 20_000, 4_000
         args.budget_mb, args.arena_mb = 5, 128
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -126,11 +145,24 @@ def main(argv: list[str] | None = None) -> int:
                  "budget_mb", "arena_mb", "timeout_s"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.vocab < 2 or args.learning_rate <= 0:
-        parser.error(f"--vocab must be at least 2 and --learning-rate positive, got {args.vocab}, "
-                     f"{args.learning_rate}")
-    if args.batch_size * (args.time_steps + 1) > min(args.train_words, args.valid_words):
-        parser.error("--train-words and --valid-words must each hold one batch of --time-steps + 1 words per row")
+    if args.learning_rate <= 0:
+        parser.error(f"--learning-rate must be positive, got {args.learning_rate}")
+    words = {"--train-words": args.train_words, "--valid-words": args.valid_words}
+    if args.data is None:
+        args.vocab = 1000 if args.vocab is None else args.vocab
+        if args.vocab < 2:
+            parser.error(f"--vocab must be at least 2, got {args.vocab}")
+    else:
+        try:
+            corpus = read_ptb(args.data)
+        except (OSError, ValueError) as error:
+            parser.error(f"--data: {error}")
+        args.vocab = len(corpus.vocabulary)
+        words = {"ptb.train.txt": len(corpus.train), "ptb.valid.txt": len(corpus.valid)}
+    for name, count in words.items():
+        if window_count(count, args.batch_size, args.time_steps) < 1:
+            parser.error(f"{name} ({count} words) must hold one window of --batch-size {args.batch_size} rows "
+                         f"of --time-steps + 1 = {args.time_steps + 1} words")
     # Children unpickle functions by module name: use the importable name, not __main__.
     from models.lm import train as this
 
@@ -152,7 +184,8 @@ def format_report(report: dict[str, Any]) -> str:
     """The runs side by side in Markdown: final perplexity, peak, swaps, step time, distance to base."""
     args, runs = report["args"], report["runs"]
     base = runs.get("base", {}).get("losses")
-    lines = [f"LSTM LM, {args['layers']} x {args['units']} units, vocabulary {args['vocab']}, {args['time_steps']} "
+    text = "a synthetic Markov source" if args.get("data") is None else args["data"]
+    lines = [f"LSTM LM on {text}, {args['layers']} x {args['units']} units, vocabulary {args['vocab']}, {args['time_steps']} "
              f"steps, batch {args['batch_size']}, {args['steps']} {args['optimizer']} steps, emulated device {args['arena_mb']} MB "
              f"(optimized variants planned for {args['budget_mb']} MB), one stream, op determinism",
              "| variant | final validation perplexity | peak MB | swaps | median step s | largest relative loss "
@@ -164,7 +197,7 @@ def format_report(report: dict[str, Any]) -> str:
         distance = "-" if base is None else _distance_text(loss_distance(run["losses"], base))
         lines.append(f"| {variant} | {run['perplexities'][-1]['perplexity']:.3f} | {run['peak_bytes'] / MIB:.1f} | "
                      f"{run['swaps']} | {run['median_step_s']:.3f} | {distance} |")
-    floors = {run["source_perplexity"] for run in runs.values() if "source_perplexity" in run}
+    floors = {run["source_perplexity"] for run in runs.values() if run.get("source_perplexity") is not None}
     lines += [f"The source's own perplexity on the validation words: {floor:.3f}" for floor in sorted(floors)]
     return "\n".join(lines)
 
@@ -187,12 +220,13 @@ def perplexity_chart(path: str, report: dict[str, Any]) -> str:
     for index, (variant, run) in enumerate(runs):
         axes.plot([p["step"] for p in run["perplexities"]], [p["perplexity"] for p in run["perplexities"]],
                   styles[index % len(styles)], marker="o", markersize=3, label=variant)
-    if runs:
+    if runs and runs[0][1]["source_perplexity"] is not None:
         axes.axhline(runs[0][1]["source_perplexity"], color="grey", linewidth=0.8, label="the source's own")
     axes.set_yscale("log")
     axes.set_xlabel("training step")
     axes.set_ylabel("validation perplexity")
-    axes.set_title("LSTM LM on a synthetic Markov source (emulated device, measured)")
+    text = "a synthetic Markov source" if report["args"].get("data") is None else report["args"]["data"]
+    axes.set_title(f"LSTM LM on {text} (emulated device, measured)")
     axes.legend()
     figure.tight_layout()
     return save_figure(figure, path)
