@@ -19,10 +19,11 @@ Persistent memory (weights, optimizer slots, inputs) counts against the budget.
 
 Loops come first: the accumulators a forward while loop fills for its gradient
 loop (one element per iteration) can be swapped element by element inside the
-loops (`seqmem.edge.loop_swap`). The selector takes whole loops, all their
-accumulators together (buffers that alias across iterations go together),
-longest-lived first, each while it lowers the predicted peak, and then swaps
-feature maps of the step so loop-swapped.
+loops (`seqmem.edge.loop_swap`). The selector takes whole loops, longest-lived
+first, each while it lowers the predicted peak; of the loop that makes the step
+fit, only its largest accumulators, as few as fitting takes (those that save
+one buffer, across iterations too, go together). If the step still does not
+fit, it then swaps feature maps of the step so loop-swapped.
 """
 
 from __future__ import annotations
@@ -285,9 +286,13 @@ def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) 
 def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes: int, depth: int, allocator: str,
                        arena_bytes: Optional[int], host: _HostRoom
                        ) -> tuple[tuple[LoopSwap, ...], StepAnalysis, Baseline]:
-    """The loop swaps to make (whole forward loops, longest-lived first, each kept when it lowers the
-    predicted peak and its lists fit the host's room, until the step fits `target_bytes`), the analysis of
-    the step so swapped, its baseline."""
+    """The loop swaps to make, the analysis of the step so swapped, its baseline.
+
+    Forward loops go longest-lived first, each swapped whole when that lowers the predicted peak and its
+    lists fit the host's room, until the step fits `target_bytes`. Of the loop whose swap makes it fit,
+    only its largest lists go, as few as fitting takes (each element swapped costs a serialization and a
+    parse), lists saving one buffer (`LoopSwap.buffer`) together.
+    """
     by_loop: dict[str, list[LoopSwap]] = {}
     for swap in analysis.loop_swaps:
         if swap.element_bytes and analysis.graph.tensor(swap.tensor).size_bytes:
@@ -296,19 +301,44 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     position = {name: i for i, name in enumerate(analysis.order)}
     chosen: list[LoopSwap] = []
     current, current_baseline = analysis, baseline
+
+    def trial(swaps: list[LoopSwap]) -> tuple[StepAnalysis, Baseline]:
+        swapped = loop_swapped(analysis, chosen + swaps, depth)
+        return swapped, simulate_baseline(swapped, allocator=allocator, arena_bytes=arena_bytes)
+
     for loop in sorted(by_loop, key=lambda name: (-distance.get(name, 0.0), position[name])):
         if current_baseline.fits(target_bytes):
             break
-        host_bytes = _list_bytes(analysis.graph, by_loop[loop])
-        if not host.admits(host_bytes):
+        groups = _buffer_groups(analysis.graph, by_loop[loop])
+        swaps = [swap for group in groups for swap in group]
+        if not host.admits(_list_bytes(analysis.graph, swaps)):
             continue
-        trial = loop_swapped(analysis, chosen + by_loop[loop], depth)
-        trial_baseline = simulate_baseline(trial, allocator=allocator, arena_bytes=arena_bytes)
-        if trial_baseline.trace.peak_bytes < current_baseline.trace.peak_bytes:
-            chosen += by_loop[loop]
-            host.left -= host_bytes
-            current, current_baseline = trial, trial_baseline
+        swapped, swapped_baseline = trial(swaps)
+        if swapped_baseline.trace.peak_bytes >= current_baseline.trace.peak_bytes:
+            continue
+        if swapped_baseline.fits(target_bytes):  # the fewest largest groups that fit (bisection)
+            low, high = 1, len(groups)
+            while low < high:
+                middle = (low + high) // 2
+                part = [swap for group in groups[:middle] for swap in group]
+                part_analysis, part_baseline = trial(part)
+                if part_baseline.fits(target_bytes):
+                    high, swaps, swapped, swapped_baseline = middle, part, part_analysis, part_baseline
+                else:
+                    low = middle + 1
+        chosen += swaps
+        host.left -= _list_bytes(analysis.graph, swaps)
+        current, current_baseline = swapped, swapped_baseline
     return tuple(chosen), current, current_baseline
+
+
+def _buffer_groups(graph: Graph, swaps: Sequence[LoopSwap]) -> list[list[LoopSwap]]:
+    """`swaps` (of one loop) grouped by the buffer their elements are (`LoopSwap.buffer`; an unknown
+    buffer: a group of its own), the groups by decreasing list bytes, ties in `swaps`' order."""
+    groups: dict[object, list[LoopSwap]] = {}
+    for swap in swaps:
+        groups.setdefault(swap.accumulator if swap.buffer is None else swap.buffer, []).append(swap)
+    return sorted(groups.values(), key=lambda group: -_list_bytes(graph, group))
 
 
 def _list_bytes(graph: Graph, swaps: Sequence[LoopSwap]) -> int:

@@ -62,20 +62,35 @@ def loop_training_graph(iterations=10, element_bytes=1 << 20):
 
     Returns the graph and the list's `LoopSwap` (accumulator `acc`, the list at `fwd:1`).
     """
+    g, swaps = loop_lists_training_graph(iterations, (element_bytes,))
+    return g, swaps[0]
+
+
+def loop_lists_training_graph(iterations=10, list_element_bytes=(1 << 20,), buffers=None):
+    """loop_training_graph with one list per entry of `list_element_bytes` (element bytes each), list i
+    at `fwd:i+1`, accumulators `acc`, `acc1`, `acc2`, ...; `buffers`: each list's `LoopSwap.buffer`
+    (default: unknown). Returns the graph and the lists' `LoopSwap`s."""
     from seqmem.swap.plan import LoopSwap
 
     variant = lambda size: TensorInfo("variant", (), size)  # noqa: E731
+    accumulators = ["acc" if i == 0 else f"acc{i}" for i in range(len(list_element_bytes))]
+    lists = [f"fwd:{i + 1}" for i in range(len(list_element_bytes))]
+    h_bytes = max(list_element_bytes)
     g = graph(
         node("x", "Placeholder", outputs=(1024,)),
-        node("acc", "EmptyTensorList", outputs=(variant(0),)),
-        node("fwd", "While", ["x", "acc"], outputs=(element_bytes, variant(iterations * element_bytes))),
-        node("head", "Op", ["fwd:0"], outputs=(element_bytes,)),
+        *[node(name, "EmptyTensorList", outputs=(variant(0),)) for name in accumulators],
+        node("fwd", "While", ["x", *accumulators],
+             outputs=(h_bytes, *[variant(iterations * size) for size in list_element_bytes])),
+        node("head", "Op", ["fwd:0"], outputs=(h_bytes,)),
         node("loss", "Sum", ["head"], outputs=(TensorInfo("float32", (), 4),)),
         node("ones", "Const", outputs=(4,)),
-        node("gradient_tape/head_grad", "Op", ["ones", "fwd:0"], outputs=(element_bytes,)),
-        node("gradient_tape/while_grad", "While", ["gradient_tape/head_grad", "fwd:1"],
-             outputs=(1024, variant(0))),
+        node("gradient_tape/head_grad", "Op", ["ones", "fwd:0"], outputs=(h_bytes,)),
+        node("gradient_tape/while_grad", "While", ["gradient_tape/head_grad", *lists],
+             outputs=(1024, *[variant(0) for _ in lists])),
         node("update", "AssignSub", ["gradient_tape/while_grad:0"], outputs=()),
     )
-    swap = LoopSwap("acc", "fwd", 1, "gradient_tape/while_grad", 1, "float32", (element_bytes // 4,), element_bytes)
-    return g, swap
+    buffers = buffers or [None] * len(list_element_bytes)
+    swaps = tuple(LoopSwap(name, "fwd", i + 1, "gradient_tape/while_grad", i + 1, "float32", (size // 4,), size,
+                           buffer)
+                  for i, (name, size, buffer) in enumerate(zip(accumulators, list_element_bytes, buffers)))
+    return g, swaps

@@ -8,7 +8,7 @@ from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import rewrite
-from tests.builders import IdentityBackend, graph, loop_training_graph, node
+from tests.builders import IdentityBackend, graph, loop_lists_training_graph, loop_training_graph, node
 
 MB = 1 << 20
 
@@ -172,3 +172,19 @@ def test_a_deeper_prefetch_keeps_more_elements_on_the_device():
     shallow = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=1)
     deep = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=4)
     assert deep.predicted_peak_after_bytes == shallow.predicted_peak_after_bytes + 3 * MB
+
+
+def test_the_loop_that_makes_the_step_fit_swaps_its_largest_lists_only_and_lists_of_one_buffer_together():
+    # lists of 40, 20, 10 and 10 MB; the first and the last save the same buffer
+    g, (first, second, third, last) = loop_lists_training_graph(10, (4 * MB, 2 * MB, MB, MB),
+                                                                buffers=("h", None, None, "h"))
+    analysis = analyze_graph(g, loop_swaps=[first, second, third, last])
+    before = plan_swaps(analysis, budget_bytes=1000 * MB, allocator="exact", loop_swap_depth=1)
+    assert before.predicted_peak_before_bytes > 80 * MB and not before.loop_swaps
+    plans = {budget: plan_swaps(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
+             for budget in (70, 30, 20)}
+    assert plans[70].loop_swaps == (first, last) and plans[70].loop_swapped_bytes == 50 * MB
+    assert plans[30].loop_swaps == (first, last, second)
+    assert plans[20].loop_swaps == (first, last, second, third)  # the whole loop
+    for budget, plan in plans.items():
+        assert plan.feasible and plan.predicted_peak_after_bytes <= budget * MB and not plan.decisions

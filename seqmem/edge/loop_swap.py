@@ -12,7 +12,7 @@ On the emulated device `SerializeTensor` keeps its payload outside the bounded
 arena, so the list holds no device memory, and the gradient loop parses each
 element back as it reaches it (one at a time with the loops bounded, see
 `seqmem.edge.loops`). The bodies are edited in renamed copies
-(`seqmem.edge.library`).
+(`seqmem.edge.library`), named for the set of accumulators swapped.
 
 Candidates (`loop_accumulators`): loops in the graph (tfa's decoders, a
 `tf.while_loop` in the step) and loops inside called functions (Keras' LSTM and
@@ -26,6 +26,7 @@ called from one place only, so that editing it changes nothing else.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,14 +37,13 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 
 from seqmem.edge import library
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, VIEW_OPS
 from seqmem.swap.plan import LoopSwap
 
 __all__ = ["loop_accumulators", "swap_loop_accumulators"]
 
 _FLOAT_TYPES = frozenset({tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum,
                           tf.float64.as_datatype_enum})
-_SUFFIX = "_seqmem_swapped"
 
 
 class _Scope:
@@ -126,10 +126,18 @@ def swap_loop_accumulators(graph_def: graph_pb2.GraphDef, swaps: Sequence[LoopSw
         _serialize_pushes(candidate.body, candidate.forward_index, dtype)
         _parse_pops(candidate.gradient_body, candidate.gradient_index, dtype, swap.element_shape)
         edited |= candidate.functions()
-    renamed = library.copies_for(swapped.library, edited, _SUFFIX)
+    renamed = library.copies_for(swapped.library, edited, _copy_suffix(swaps))
     library.rename_functions(swapped.library, renamed)
     library.follow_copies(swapped.node, renamed)
     return swapped
+
+
+def _copy_suffix(swaps: Sequence[LoopSwap]) -> str:
+    """The suffix of the edited functions' copies: it names the set of accumulators swapped, since a
+    process cannot hold two different functions of one name (re-planning swaps another set of a loop's
+    lists, so its copies must not take the names of the first plan's)."""
+    digest = hashlib.sha1("\n".join(sorted(swap.accumulator for swap in swaps)).encode()).hexdigest()[:10]
+    return f"_seqmem_swapped_{digest}"
 
 
 def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
@@ -156,7 +164,8 @@ def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
             dtype = tf.dtypes.as_dtype(source.attr["element_dtype"].type)
             known = shape is not None and None not in shape
             swap = LoopSwap(accumulator, node.name, index, gradient_loop.name, gradient_position, dtype.name, shape,
-                            int(np.prod(shape, dtype=np.int64)) * dtype.size if known else None)
+                            int(np.prod(shape, dtype=np.int64)) * dtype.size if known else None,
+                            _pushed_buffer(body, forward_index))
             found.append(_Accumulator(swap, scope, source, body, forward_index, gradient_body, gradient_index))
     return found
 
@@ -218,6 +227,24 @@ def _pushes_a_computed_value(body: function_pb2.FunctionDef, index: int) -> bool
         return False
     producer = next((n for n in body.node_def if n.name == push.input[1].split(":")[0]), None)
     return producer is None or producer.op != "ReadVariableOp"  # None: a loop variable, computed last iteration
+
+
+def _pushed_buffer(body: function_pb2.FunctionDef, index: int) -> str:
+    """The body tensor whose buffer loop output `index`'s PushBack saves: its pushed value followed back
+    through views (`VIEW_OPS`) and through loop variables to the value the previous iteration returned."""
+    nodes = {n.name: n for n in body.node_def}
+    arguments = [arg.name for arg in body.signature.input_arg]
+    name, seen = _push(body, index).input[1], set()
+    while name not in seen:
+        seen.add(name)
+        if name in arguments:
+            name = body.ret[body.signature.output_arg[arguments.index(name)].name]
+            continue
+        node = nodes.get(name.split(":")[0])
+        if node is None or node.op not in VIEW_OPS:
+            break
+        name = node.input[int(name.split(":")[-1]) if node.op == "IdentityN" else 0]
+    return name
 
 
 def _push(body: function_pb2.FunctionDef, index: int) -> node_def_pb2.NodeDef | None:

@@ -146,7 +146,9 @@ class LoopSwap:
     accumulator: its `EmptyTensorList` node; forward_loop/gradient_loop: the While nodes that fill and
     empty it, forward_index/gradient_index: its loop-variable index in each. dtype, element_shape (None
     where unknown: a dimension, or the whole shape) and element_bytes (None unless the shape is fully
-    known): one element, i.e. what one iteration saves.
+    known): one element, i.e. what one iteration saves. buffer: the forward body's tensor whose buffer
+    each element is (a view's source, or the value a loop variable carries from the previous iteration);
+    accumulators of one loop that save the same buffer free it only together. None: not known.
     """
 
     accumulator: str
@@ -157,6 +159,7 @@ class LoopSwap:
     dtype: str
     element_shape: tuple[int | None, ...] | None
     element_bytes: int | None
+    buffer: str | None = None
 
     @property
     def tensor(self) -> TensorRef:

@@ -34,6 +34,17 @@ def test_decoder_accumulators_are_found_and_serialized(small_nmt_step):
     assert ops.count("SerializeTensor") == len(swaps) and ops.count("ParseTensor") == len(swaps)
 
 
+def test_accumulators_saving_one_buffer_name_the_same_buffer(small_nmt_step):
+    swaps = loop_accumulators(small_nmt_step[0].graph.as_graph_def())
+    decoder = {swap.accumulator.split("/while/")[-1]: swap.buffer for swap in swaps if "decoder" in swap.forward_loop}
+    # the attention weights and their expanded view; the cell's h and the loop variable that carries it
+    assert decoder["attention_wrapper/BahdanauAttention/Softmax_0/accumulator"].endswith("Softmax:softmax:0")
+    assert decoder["attention_wrapper/ExpandDims_0/accumulator"] == decoder[
+        "attention_wrapper/BahdanauAttention/Softmax_0/accumulator"]
+    assert decoder["Placeholder_3_0/accumulator"] == decoder["attention_wrapper/lstm_cell/mul_2_0/accumulator"]
+    assert len(set(decoder.values())) == len(decoder) - 2  # every other list saves a buffer of its own
+
+
 def test_no_swaps_and_foreign_swaps(small_nmt_step):
     graph_def = small_nmt_step[0].graph.as_graph_def()
     unchanged = swap_loop_accumulators(graph_def, [])
@@ -65,8 +76,11 @@ def test_loops_inside_keras_functions_are_found_and_their_copies_stand_for_no_ap
     assert all(swap.accumulator.startswith("lm/lstm/PartitionedCall/while/") for swap in swaps)
     assert all(calls[swap.gradient_loop] == "PartitionedCall" and swap.element_bytes for swap in swaps)
     swapped = swap_loop_accumulators(graph_def, swaps)
-    copies = [f for f in swapped.library.function if f.signature.name.endswith("_seqmem_swapped")]
+    copies = [f for f in swapped.library.function if "_seqmem_swapped_" in f.signature.name]
     assert len(copies) == 4  # forward function and body, backward function and gradient body
+    # another set of the loop's lists is another set of copies: a process cannot hold two functions of one name
+    fewer = swap_loop_accumulators(graph_def, swaps[:2])
+    assert not {f.signature.name for f in copies} & {f.signature.name for f in fewer.library.function}
     assert not any("api_implements" in f.attr for f in copies)  # Grappler cannot trade them for the originals
     ops = [n.op for f in swapped.library.function for n in f.node_def]
     assert ops.count("SerializeTensor") == len(swaps) == ops.count("ParseTensor")

@@ -21,7 +21,8 @@ def test_loop_swapped_nmt_step_trains_bit_identically():
     tf.config.experimental.enable_op_determinism()
     step, inputs, specs = _nmt_step(8, 30, 64)
     before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
-    optimized = optimize(step, 0.8 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
+    # at half the peak every decoder list goes (at 0.8 of it, one: the attention's [B, T, H] tanh)
+    optimized = optimize(step, 0.5 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
     plan = optimized.plan
     assert len(plan.loop_swaps) >= 10 and plan.loop_parallel_iterations == 1 and plan.feasible
     assert "loop accumulators of 1 loop(s) swapped element by element" in plan.summary()
@@ -76,9 +77,9 @@ def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
     assert run.ok, run.message
     plan, measured = run.value
     values = [round(v / MIB, 1) for v in (plan.predicted_peak_before_bytes, plan.predicted_peak_after_bytes, measured)]
-    # measured, one stream (2026-11-23, 3 processes): 27.9-28.7 MB predicted unswapped; 16 lists swapped,
-    # 10.4-11.2 MB predicted, 12.8-13.0 MB measured (an under-prediction of 2.4 MB, not yet explained)
-    assert plan.predicted_peak_before_bytes > 1.3 * budget_mb * MIB and len(plan.loop_swaps) == 16, values
+    # measured, one stream (2026-11-25): 27.9 MB predicted unswapped; of the 16 lists (two loops of 8), the
+    # first loop's 8 and the second's largest, 17.0 MB predicted, 17.7 MB measured
+    assert plan.predicted_peak_before_bytes > 1.3 * budget_mb * MIB and 8 < len(plan.loop_swaps) < 16, values
     assert measured <= budget_mb * MIB and abs(plan.predicted_peak_after_bytes - measured) <= 0.25 * measured, values
 
 
