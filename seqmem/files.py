@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 __all__ = ["save_figure", "write_json", "write_text"]
@@ -14,12 +13,10 @@ def save_figure(figure: Any, path: str, dpi: int = 120) -> str:
     """Save a matplotlib figure as `path` (PNG), atomically; closes the figure. Returns `path`."""
     import matplotlib.pyplot as plt
 
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, partial = tempfile.mkstemp(suffix=".png", dir=directory)
-    os.close(handle)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = path + ".partial"
     try:
-        figure.savefig(partial, dpi=dpi)
+        figure.savefig(partial, dpi=dpi, format="png")
         os.replace(partial, path)
     finally:
         plt.close(figure)
