@@ -73,7 +73,9 @@ def read_ptb(directory: str) -> TextCorpus:
 
 
 def _words(path: str) -> list[str]:
-    """The words of a text file, `<eos>` after each line (blank lines included, as TF-LM counts them)."""
+    """The words of a text file, `<eos>` after each line, blank lines included. TF-LM puts one `<eos>` per
+    newline: the same words for a file that ends with a newline, as PTB's do; one `<eos>` more at the end
+    here for a file that does not."""
     with open(path, encoding="utf-8") as text:
         return [word for line in text for word in line.split() + [EOS]]
 
