@@ -230,14 +230,14 @@ def plan_swaps(
     lowest = start  # the lowest peak of the plans tried: more swaps can raise a peak
     forced = 1
     for _ in range(_MAX_ROUNDS):
-        added = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
+        changed = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
         plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
         after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
         lowest = min(lowest, after, key=lambda trace: trace.peak_bytes)
         if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates) \
                 or (limit is not None and len(chosen) >= limit):
             break
-        if after.peak_bytes <= target_bytes or not added:
+        if after.peak_bytes <= target_bytes or not changed:
             # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
             # exact model's peak is left while the allocator model's peak is still over: swap the next
             # longest-lived candidates wherever they are live, to thin out large buffers (twice as
@@ -429,8 +429,14 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
         out_pos = max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
         kinds, reasons = [], []
         for kind in options.kinds:
-            option = _option(kind, analysis, ref, size, consumers, out_pos, position, triggers, machine, options)
-            (kinds if isinstance(option, _Option) else reasons).append(option)
+            for late in _restore_timings(kind, machine):
+                option = _option(kind, analysis, ref, size, consumers, out_pos, position, triggers, machine,
+                                 options, late)
+                if isinstance(option, str):
+                    reasons.append(option)
+                elif all(option.decision.trigger != other.decision.trigger or other.decision.kind != kind
+                         for other in kinds):
+                    kinds.append(option)
         if kinds:
             candidates.append(_Candidate(ref, out_pos, tuple(kinds)))
         else:
@@ -438,10 +444,18 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
     return candidates, skipped
 
 
+def _restore_timings(kind: str, machine: MachineModel) -> tuple[bool, ...]:
+    """When a copy of `kind` may be restored: early enough to hide its transfer (False), and, where copies
+    overlap computation, also just before its first reader (True), which costs the transfer but keeps the
+    restored copy off the device in between: what a tight budget needs when early restores set the peak."""
+    return (False, True) if kind in ("swap", "compress+swap") and machine.copies_overlap else (False,)
+
+
 def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consumers: tuple[str, ...], out_pos: int,
             position: Mapping[str, int], triggers: TriggerIndex, machine: MachineModel,
-            options: ConservationOptions) -> _Option | str:
-    """How `kind` would conserve `ref`, or why it cannot."""
+            options: ConservationOptions, late: bool = False) -> _Option | str:
+    """How `kind` would conserve `ref`, or why it cannot; `late`: restored just before its first reader
+    (see `_restore_timings`)."""
     graph, timing = analysis.graph, analysis.timing
     first_use_s = timing.start_s[consumers[0]]
     compressed = (size + 1) // 2
@@ -459,10 +473,10 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
         lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if kind in LOSSY_KINDS else 0.0)
-    trigger, hidden = triggers.choose(consumers, lead_s)
+    trigger, hidden = triggers.choose(consumers, 0.0 if late else lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
-    if kind in ("swap", "compress+swap") and machine.copies_overlap and not hidden \
+    if kind in ("swap", "compress+swap") and machine.copies_overlap and not (hidden and not late) \
             and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
     if kind == "recompute":
@@ -520,25 +534,33 @@ def _kept_until(graph: Graph, ref: TensorRef, position: Mapping[str, int]) -> fl
 def _select(candidates: Sequence[_Candidate], chosen: dict, tree: _MaxTree, target_live_bytes: int,
             max_decisions: Optional[int], host: _HostRoom) -> int:
     """Add candidates (in order), each by the cheapest kind that helps the current peak and fits the host's
-    room, until the peak <= target or `max_decisions` are chosen; returns how many were added."""
-    added = 0
+    room, until the peak <= target or `max_decisions` are chosen; a chosen candidate whose restored copy is
+    live at the peak moves to a later restore that is not, when it has one. Returns how many were added or
+    moved (each move is to a strictly later restore, so this ends)."""
+    changed = 0
     progress = True
     while tree.max() > target_live_bytes and progress:
         progress = False
         for candidate in candidates:
-            if tree.max() <= target_live_bytes or (max_decisions is not None and len(chosen) >= max_decisions):
-                return added
+            current = chosen.get(candidate.tensor)
+            if tree.max() <= target_live_bytes or (current is None and max_decisions is not None
+                                                   and len(chosen) >= max_decisions):
+                return changed
             peak = tree.argmax()
-            if candidate.tensor in chosen or _needed_by_recomputation(candidate.tensor, chosen) \
-                    or not candidate.out_pos < peak:
+            if _needed_by_recomputation(candidate.tensor, chosen) or not candidate.out_pos < peak \
+                    or (current is not None and peak < current[1].in_pos):
                 continue
+            if current is not None:
+                _unchoose(tree, candidate, current[1], chosen, host)
             option = _cheapest_helpful(candidate, peak, tree.max() - target_live_bytes, chosen, host)
             if option is None:
+                if current is not None:
+                    _choose(tree, candidate, current[1], chosen, host)
                 continue
             _choose(tree, candidate, option, chosen, host)
-            added += 1
+            changed += 1
             progress = True
-    return added
+    return changed
 
 
 def _cheapest_helpful(candidate: _Candidate, peak: int, needed_bytes: int, chosen: Mapping,
@@ -564,6 +586,15 @@ def _choose(tree: _MaxTree, candidate: _Candidate, option: _Option, chosen: dict
     tree.add(candidate.out_pos + 1, option.in_pos, -decision.saved_bytes)
     tree.add(option.in_pos, option.in_pos + 1, option.restore_bytes + decision.resident_bytes)
     chosen[candidate.tensor] = (candidate, option)
+
+
+def _unchoose(tree: _MaxTree, candidate: _Candidate, option: _Option, chosen: dict, host: _HostRoom) -> None:
+    """Undo `_choose`."""
+    decision = option.decision
+    host.left += decision.host_bytes
+    tree.add(candidate.out_pos + 1, option.in_pos, decision.saved_bytes)
+    tree.add(option.in_pos, option.in_pos + 1, -(option.restore_bytes + decision.resident_bytes))
+    del chosen[candidate.tensor]
 
 
 def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, peak_after=None) -> SwapPlan:

@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
 from seqmem.budget import plan_swaps
+from seqmem.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import ConservationOptions, SwapPlan
@@ -188,3 +189,32 @@ def test_the_loop_that_makes_the_step_fit_swaps_its_largest_lists_only_and_lists
     assert plans[20].loop_swaps == (first, last, second, third)  # the whole loop
     for budget, plan in plans.items():
         assert plan.feasible and plan.predicted_peak_after_bytes <= budget * MB and not plan.decisions
+
+
+def _lowest_peak(analysis, machine):
+    with pytest.raises(InfeasibleBudgetError) as error:
+        plan_swaps(analysis, budget_bytes=1, allocator="exact", machine=machine)
+    return error.value.smallest_peak_bytes
+
+
+def test_copies_that_overlap_restore_late_where_early_restores_would_set_the_peak():
+    # a transfer of 1 MB takes about three backward ops: restores that hide it start three ops early, so
+    # with many layers swapped several restored copies would be on the device at once beside the gradient
+    overlapping = MachineModel(host_bytes_per_s=1e9, copies_overlap=True)
+    serial = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
+    g = mlp_like(layers=8)
+    lowest = _lowest_peak(analyze_graph(g, machine=serial), serial)
+    analysis = analyze_graph(g, machine=overlapping)
+    assert _lowest_peak(analysis, overlapping) == lowest
+    position = {name: i for i, name in enumerate(analysis.order)}
+
+    def late(decision):
+        return position[decision.trigger] == position[decision.consumers[0]] - 1
+
+    tight = plan_swaps(analysis, budget_bytes=lowest, allocator="exact", machine=overlapping)
+    assert tight.feasible and tight.decisions and all(late(d) and d.cost_s > 0 for d in tight.decisions)
+    looser = plan_swaps(analysis, budget_bytes=lowest + 2 * MB, allocator="exact", machine=overlapping)
+    assert any(late(d) for d in looser.decisions)
+    assert all(d.cost_s == 0 for d in looser.decisions if not late(d))  # restores that hide their copy cost nothing
+    assert any(d.cost_s == 0 for d in looser.decisions)
+    assert looser.predicted_overhead_s < tight.predicted_overhead_s

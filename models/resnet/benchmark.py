@@ -103,10 +103,12 @@ def measure(variant: str, depth: int, batch: int, image_size: int, classes: int,
     return {**measured, "images_per_s": batch / measured["median_step_s"]}
 
 
-def measure_smallest(depth: int, batch: int, image_size: int, classes: int) -> dict[str, Any]:
-    """Child process: `seqmem.bench.workload.measure_smallest` (the paper's M_opt) of the swap variant,
-    with its throughput in images/s."""
-    measured = smallest_workload(batch, workload("seqmem", depth, image_size, classes, budget_mb=1))
+def measure_smallest(depth: int, batch: int, image_size: int, classes: int, variant: str = "seqmem") -> dict[str, Any]:
+    """Child process: `seqmem.bench.workload.measure_smallest` (the paper's M_opt) of a seqmem variant (one
+    of SEQMEM_KINDS: the kinds its plan may use), with its throughput in images/s."""
+    if variant not in SEQMEM_KINDS:
+        raise ValueError(f"variant must be one of {sorted(SEQMEM_KINDS)}, got {variant!r}")
+    measured = smallest_workload(batch, workload(variant, depth, image_size, classes, budget_mb=1))
     return {**measured, "images_per_s": batch / measured["median_step_s"]}
 
 

@@ -178,3 +178,8 @@ def test_lowest_plan_m_opt_measures_below_the_unoptimized_step():
     assert lowest["swaps"] > 0 and lowest["predicted_peak_bytes"] <= lowest["target_bytes"]
     assert lowest["predicted_peak_bytes"] < unoptimized["predicted_peak_bytes"]
     assert lowest["peak_bytes"] < unoptimized["peak_bytes"]
+
+
+def test_lowest_plan_of_an_unknown_variant_is_refused_before_building_anything():
+    with pytest.raises(ValueError, match="variant must be one of .*'seqmem-lossless'.*got 'baseline'"):
+        benchmark.measure_smallest(20, 32, 32, 10, variant="baseline")
