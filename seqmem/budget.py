@@ -182,8 +182,9 @@ def plan_swaps(
     Returns a plan without decisions when the step already fits. Raises
     ValueError for a target that is not positive;
     InfeasibleBudgetError, naming the smallest achievable peak and the op that
-    sets it, when swapping every candidate is not enough; ArenaFragmentationError
-    when the bytes fit but the allocator model cannot place them in the arena.
+    sets it and holding the plan that reaches it (`smallest_plan`), when
+    swapping every candidate is not enough; ArenaFragmentationError when the
+    bytes fit but the allocator model cannot place them in the arena.
     pinned: plan for the step pinned to its schedule (`StepAnalysis.pinned`);
     the plan records that order, and the rewrite pins it even without swaps.
     loop_swap_depth: swap the analysis's loop accumulators (`StepAnalysis.loop_swaps`)
@@ -227,13 +228,14 @@ def plan_swaps(
     limit = options.max_decisions
     live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
     after, placed = start, baseline.placed
-    lowest = start  # the lowest peak of the plans tried: more swaps can raise a peak
+    lowest, lowest_chosen = start, {}  # the lowest peak of the plans tried (more swaps can raise a peak)
     forced = 1
     for _ in range(_MAX_ROUNDS):
         changed = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
         plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
         after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
-        lowest = min(lowest, after, key=lambda trace: trace.peak_bytes)
+        if after.peak_bytes < lowest.peak_bytes:
+            lowest, lowest_chosen = after, dict(chosen)
         if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates) \
                 or (limit is not None and len(chosen) >= limit):
             break
@@ -253,9 +255,13 @@ def plan_swaps(
             forced = 1
         if after.peak_bytes > target_bytes:
             live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
-    plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, after.peak_bytes)
-    plan = dataclasses.replace(plan, pinned_order=pinned_order, **{
-        **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
+
+    def finished(target: int, decisions: Mapping, peak_bytes: int) -> SwapPlan:
+        plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes)
+        return dataclasses.replace(plan, pinned_order=pinned_order, **{
+            **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
+
+    plan = finished(target_bytes, chosen, after.peak_bytes)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
     if host.refused:
         planned_for += f", swaps limited to {options.max_host_bytes / MIB:.1f} MB of host memory"
@@ -272,6 +278,7 @@ def plan_swaps(
             f"smallest achievable peak is {lowest.peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
             f"{planned_for}. Raise the budget or reduce the batch size.",
             smallest_peak_bytes=lowest.peak_bytes,
+            smallest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
         )
     return plan
 

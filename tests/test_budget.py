@@ -68,10 +68,14 @@ def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
         assert decision.consumers[0] not in new.ancestors([decision.trigger])
 
 
-def test_infeasible_budget_names_the_minimum_and_the_op():
+def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
-    with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"):
-        plan_swaps(_analysis(g), budget_bytes=MB // 2, allocator="exact")
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB") as error:
+        plan_swaps(_analysis(g), budget_bytes=MB // 2, allocator="exact", pinned=True)
+    lowest = error.value.smallest_plan
+    assert lowest.decisions and lowest.pinned_order
+    assert lowest.predicted_peak_after_bytes == lowest.target_bytes == error.value.smallest_peak_bytes
+    rewrite(g, lowest, IdentityBackend()).validate()
 
 
 def test_plan_json_round_trip():

@@ -87,7 +87,8 @@ def optimize(
     has fails with InfeasibleBudgetError instead of exhausting the machine.
     safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
     the predictor's error. When no plan reaches that but calibration can run,
-    the plan aims at the budget itself and the measurement decides.
+    the most-conserving plan is made, if it is predicted to fit the budget, and
+    the measurement decides.
     calibrate: on a measuring device (emulated or GPU), run the optimized step
     four times on `sample_inputs` (variables restored afterwards); if its highest
     peak exceeds the budget, plan again for less, up to 3 times. The measured
@@ -149,12 +150,13 @@ def optimize(
                        loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
     try:
         plan = planner.plan(target_bytes)
-    except InfeasibleBudgetError:
-        if not calibrating or target_bytes == budget_bytes:
+    except InfeasibleBudgetError as error:
+        lowest = error.smallest_plan
+        if not calibrating or lowest is None or lowest.predicted_peak_after_bytes > budget_bytes:
             raise
-        # The margin is room for the predictor's error, and the device can settle what the
-        # prediction cannot: plan for the budget itself and let calibration measure it.
-        plan = planner.plan(budget_bytes)
+        # The margin is room for the predictor's error. No plan leaves all of it; the most-conserving
+        # one leaves the most, and calibration measures whether that is enough.
+        plan = lowest
     if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
         step = _calibrated(build_step(analysis, plan, backend, function, original), planner, backend, sample_inputs)
     else:
@@ -235,15 +237,25 @@ class _Planner:
         return self._baseline("as it is").trace.busiest().persistent_bytes
 
     def plan(self, target_bytes: int) -> SwapPlan:
+        """The plan for `target_bytes`. Raises InfeasibleBudgetError when none reaches it, its
+        `smallest_plan` ready to run as this method's plans are."""
         try:
-            plan = self._plan(target_bytes)
-        except ArenaFragmentationError:
-            if self._arena_bytes is None or not self._measurable:
-                raise
-            # Only the allocator model's fragmentation stood in the way: a model, which calibration
-            # checks on the device itself. Plan without it from here on.
-            self._arena_bytes = None
-            plan = self._plan(target_bytes)
+            try:
+                plan = self._plan(target_bytes)
+            except ArenaFragmentationError:
+                if self._arena_bytes is None or not self._measurable:
+                    raise
+                # Only the allocator model's fragmentation stood in the way: a model, which calibration
+                # checks on the device itself. Plan without it from here on.
+                self._arena_bytes = None
+                plan = self._plan(target_bytes)
+        except InfeasibleBudgetError as error:
+            if error.smallest_plan is not None:
+                error.smallest_plan = self._bounded(error.smallest_plan)
+            raise
+        return self._bounded(plan)
+
+    def _bounded(self, plan: SwapPlan) -> SwapPlan:
         return dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations or self._loop_bound)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
@@ -262,6 +274,9 @@ class _Planner:
                                   baseline=self._baseline(name), arena_bytes=self._arena_bytes, **self._options)
                 return dataclasses.replace(plan, split_barriers=self._split_barriers if pinned else ())
             except InfeasibleBudgetError as error:
+                if error.smallest_plan is not None:
+                    error.smallest_plan = dataclasses.replace(
+                        error.smallest_plan, split_barriers=self._split_barriers if pinned else ())
                 failures.append(error)
         raise min(failures, key=lambda error: error.smallest_peak_bytes or 0)
 
@@ -317,14 +332,14 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
     try:
         return planner.plan(target_bytes)
     except InfeasibleBudgetError as error:
-        smallest = error.smallest_peak_bytes
-        if smallest is None or smallest >= plan.predicted_peak_after_bytes:
+        smallest = error.smallest_plan
+        if smallest is None or smallest.predicted_peak_after_bytes >= plan.predicted_peak_after_bytes:
             raise InfeasibleBudgetError(
                 f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
                 f"planning for less does not fit: {error}",
-                smallest_peak_bytes=smallest, measured_peak_bytes=lowest_measured,
+                smallest_peak_bytes=error.smallest_peak_bytes, measured_peak_bytes=lowest_measured,
             ) from None
-        return planner.plan(smallest)  # the most-conserving plan: its measurement decides
+        return smallest  # the most-conserving plan: its measurement decides
 
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:

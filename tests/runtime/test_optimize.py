@@ -275,3 +275,28 @@ def test_a_call_is_run_again_only_where_no_variable_update_can_have_run():
             step()
         assert bool(replanned) == tried and ("nothing lower" in str(raised.value)) == tried, failed
         assert step.replan is (None if tried else replan)
+
+
+def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conserving_plan(monkeypatch):
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime import device
+    from seqmem.runtime import optimize as optimize_module
+
+    example = build_example("cnn", 32)
+    analyze = optimize_module.analyze_function
+    monkeypatch.setattr(optimize_module, "analyze_function",
+                        lambda *args, **kwargs: analyze(*args, **{**kwargs, "measure_scratch": False}))
+    with pytest.raises(InfeasibleBudgetError) as error:
+        optimize(example.step, 1, input_signature=example.input_specs, calibrate=False)
+    lowest = error.value.smallest_peak_bytes
+    monkeypatch.setattr(device, "measuring_device_present", lambda: True)  # calibrate, with measurements faked
+    monkeypatch.setattr(optimize_module, "_measured_peak", lambda step, function, sample_inputs=None: lowest)
+    # a 20% margin under this budget is below the lowest plan: the plan made is the lowest, not one for the budget
+    budget_bytes = int(1.1 * lowest)
+    step = optimize(example.step, budget_bytes / (1 << 20), input_signature=example.input_specs, safety_margin=0.2)
+    plan = step.plan
+    assert plan.decisions and 0.8 * budget_bytes < plan.predicted_peak_after_bytes <= 1.02 * lowest
+    assert plan.target_bytes == plan.predicted_peak_after_bytes and plan.measured_peak_bytes == lowest
+    with pytest.raises(InfeasibleBudgetError, match="smallest achievable peak"):  # none fits the budget: no plan
+        optimize(example.step, 0.9 * lowest / (1 << 20), input_signature=example.input_specs, safety_margin=0.2)
