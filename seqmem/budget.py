@@ -483,7 +483,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
     trigger, hidden = triggers.choose(consumers, 0.0 if late else lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
-    if kind in ("swap", "compress+swap") and machine.copies_overlap and not (hidden and not late) \
+    if kind in ("swap", "compress+swap") and machine.copies_overlap and (late or not hidden) \
             and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
     if kind == "recompute":
