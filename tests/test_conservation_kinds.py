@@ -181,6 +181,25 @@ def test_swaps_hold_no_more_host_memory_than_allowed():
     assert "host memory" in halved.summary() and SwapPlan.from_json(halved.to_json()) == halved
 
 
+def _smallest_peak(g, options):
+    """The lowest peak any plan with `options` reaches (exact allocator), bytes."""
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        _plan(g, 0.01, options)
+    return raised.value.smallest_peak_bytes
+
+
+def test_where_host_memory_bounds_the_swaps_each_further_kind_lowers_the_peak():
+    # swaps alone stop at the host's room; recomputation frees on the device what they cannot, and
+    # compression halves the device copy and the host copy, so (host limited) swap > lossless > every kind
+    g = relu_net(layers=8)
+    limit = 3 * MB
+    swap_only = _smallest_peak(g, ConservationOptions(kinds=("swap",), max_host_bytes=limit))
+    lossless = _smallest_peak(g, ConservationOptions(kinds=("swap", "recompute"), max_host_bytes=limit))
+    every = _smallest_peak(g, ConservationOptions(kinds=KINDS, compression="float16", max_host_bytes=limit))
+    assert swap_only > lossless > every
+    assert _smallest_peak(g, ConservationOptions(kinds=("swap",))) <= every  # without the limit swaps free most
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(kinds=("swap", "fold")), "kinds must be a non-empty selection"),
     (dict(kinds=()), "kinds must be a non-empty selection"),

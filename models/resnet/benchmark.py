@@ -89,26 +89,30 @@ def training_step(batch: int, depth: int, image_size: int, classes: int, recompu
     return step, synthetic_batch(batch, image_size, classes), specs
 
 
-def workload(variant: str, depth: int, image_size: int, classes: int, budget_mb: int) -> Workload:
-    """One of VARIANTS as a benchmark workload: seqmem's steps are optimized for `budget_mb`."""
+def workload(variant: str, depth: int, image_size: int, classes: int, budget_mb: int,
+             host_memory_mb: float | None = None) -> Workload:
+    """One of VARIANTS as a benchmark workload: seqmem's steps are optimized for `budget_mb`, their swaps
+    within `host_memory_mb` MiB of host memory (None: `optimize`'s default)."""
     options = (("depth", depth), ("image_size", image_size), ("classes", classes),
                ("recompute", variant == "recompute"))
     return Workload(training_step, options, optimized=variant in SEQMEM_KINDS, budget_mb=budget_mb,
-                    **SEQMEM_KINDS.get(variant, {}))
+                    host_memory_mb=host_memory_mb, **SEQMEM_KINDS.get(variant, {}))
 
 
-def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int) -> dict[str, Any]:
+def measure(variant: str, depth: int, batch: int, image_size: int, classes: int, budget_mb: int,
+            host_memory_mb: float | None = None) -> dict[str, Any]:
     """Child process: `seqmem.bench.workload.measure` of a variant, with its throughput in images/s."""
-    measured = measure_workload(batch, workload(variant, depth, image_size, classes, budget_mb))
+    measured = measure_workload(batch, workload(variant, depth, image_size, classes, budget_mb, host_memory_mb))
     return {**measured, "images_per_s": batch / measured["median_step_s"]}
 
 
-def measure_smallest(depth: int, batch: int, image_size: int, classes: int, variant: str = "seqmem") -> dict[str, Any]:
+def measure_smallest(depth: int, batch: int, image_size: int, classes: int, variant: str = "seqmem",
+                     host_memory_mb: float | None = None) -> dict[str, Any]:
     """Child process: `seqmem.bench.workload.measure_smallest` (the paper's M_opt) of a seqmem variant (one
     of SEQMEM_KINDS: the kinds its plan may use), with its throughput in images/s."""
     if variant not in SEQMEM_KINDS:
         raise ValueError(f"variant must be one of {sorted(SEQMEM_KINDS)}, got {variant!r}")
-    measured = smallest_workload(batch, workload(variant, depth, image_size, classes, budget_mb=1))
+    measured = smallest_workload(batch, workload(variant, depth, image_size, classes, 1, host_memory_mb))
     return {**measured, "images_per_s": batch / measured["median_step_s"]}
 
 
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--budget-mb", type=int, default=1024)
     parser.add_argument("--max-batch", type=int, default=2048)
+    parser.add_argument("--host-memory-mb", type=float, default=None,
+                        help="the most host memory seqmem's swaps may hold, MiB (default: optimize's, three "
+                             "quarters of what the host has available)")
     parser.add_argument("--precision", type=float, default=0.03,
                         help="stop the batch search once the answer is known within this fraction (0: exact)")
     parser.add_argument("--tables", choices=("a", "b", "ab"), default="ab", help="which of Table 1(a) and 1(b) to run")
@@ -202,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if min([args.image_size, args.classes, args.budget_mb, args.max_batch, args.depth_batch, args.depth_image_size,
             args.depth_budget_mb, args.timeout_s, args.jobs, args.runs] + depths) < 1:
         parser.error("sizes, budgets, batches, depths, the timeout, jobs and runs must be positive")
+    if args.host_memory_mb is not None and not 0 < args.host_memory_mb < float("inf"):
+        parser.error(f"--host-memory-mb must be a positive number, got {args.host_memory_mb}")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     others = tuple(v.strip() for v in args.variants.split(",") if v.strip())
@@ -217,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     network = (args.depth, args.image_size, args.classes)
+    host = args.host_memory_mb
     one_stream = args.executor == "one-stream"
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return result
 
         def search(variant, start):
-            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb), budget_mb=args.budget_mb,
+            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb, host), budget_mb=args.budget_mb,
                                   limit=args.max_batch, start=start, precision=args.precision, runs=args.runs,
                                   one_stream=one_stream,
                                   timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
@@ -249,18 +259,18 @@ def main(argv: list[str] | None = None) -> int:
                 # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
                 for variant in ("baseline",) + others:
                     measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
-                                   args.budget_mb, budget_mb=2 * args.budget_mb)
+                                   args.budget_mb, host, budget_mb=2 * args.budget_mb)
                     report["at_base"][variant] = value_or_verdict(measured)
                 kinds = [v for v in others if v in SEQMEM_KINDS]
                 common = min((table_a[v]["batch"] for v in kinds), default=0)
                 if len(kinds) > 1 and common > base:  # each way of conserving at one batch, like Janssen et al.'s
                     report["at_common"] = {"batch": common, "rows": {
                         v: value_or_verdict(run(bench.measure, v, args.depth, common, args.image_size, args.classes,
-                                                args.budget_mb, budget_mb=args.budget_mb)) for v in kinds}}
+                                                args.budget_mb, host, budget_mb=args.budget_mb)) for v in kinds}}
                 opt = table_a.get("seqmem", {}).get("batch")
                 if opt:
                     measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
-                                   args.budget_mb, budget_mb=args.budget_mb)
+                                   args.budget_mb, host, budget_mb=args.budget_mb)
                     report["at_opt"]["seqmem"] = value_or_verdict(measured)
                 curves = os.path.join(args.out, "resnet-memory.png")
                 drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
@@ -270,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             row = {"depth": depth}
             for variant in ("baseline", "seqmem"):
                 measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
-                               args.depth_budget_mb, budget_mb=args.depth_budget_mb)
+                               args.depth_budget_mb, host, budget_mb=args.depth_budget_mb)
                 row[variant] = value_or_verdict(measured)
-            smallest = run(bench.measure_smallest, depth, args.depth_batch, args.depth_image_size, 10,
-                           budget_mb=args.depth_budget_mb)
+            smallest = run(bench.measure_smallest, depth, args.depth_batch, args.depth_image_size, 10, "seqmem",
+                           host, budget_mb=args.depth_budget_mb)
             row["smallest"] = value_or_verdict(smallest)
             report["table_b"].append(row)
 
@@ -307,7 +317,7 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
     limit = table_a["limit"].get("batch", "-")
     searched = [v for v in VARIANTS[1:] if v in table_a]
     lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
-             f"emulated device {args['budget_mb']} MB (largest batch that {search_settings(args)})",
+             f"emulated device {args['budget_mb']} MB{_host_limit(args)} (largest batch that {search_settings(args)})",
              "| variant | largest batch | / B_base | / B_limit |", "|---|---:|---:|---:|",
              f"| baseline (B_base) | {base} | 1.00x | {ratio(base, limit)} |"]
     for variant in searched:
@@ -339,6 +349,12 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
             for name, row in common["rows"].items():
                 lines.append(_measured_row(name, row, reference))
     return lines
+
+
+def _host_limit(args: dict[str, Any]) -> str:
+    """How much host memory the swaps had, where the run limited it."""
+    host = args.get("host_memory_mb")
+    return "" if host is None else f", swaps within {host:g} MB of host memory"
 
 
 def _measured_row(name: str, row: dict[str, Any], reference: float | None) -> str:

@@ -2,12 +2,14 @@
 
 Each example runs in a fresh process on the emulated device (`device.run_with_budget`),
 so every measurement starts from an empty BFC arena. On one compute stream each
-example is measured twice: as it is (the executor's own order) and pinned to
-its planned schedule (`seqmem.swap.pin`, what `optimize` runs).
+example is measured twice: as it is (the executor's own order) and as `optimize`
+runs it: pinned to its planned schedule (`seqmem.swap.pin`), its while loops
+bounded to one iteration at a time (`seqmem.edge.loops`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from seqmem.runtime.device import run_with_budget
@@ -24,7 +26,8 @@ MEASURED_STEPS = 7
 class AccuracyRow:
     """One example's predicted and measured peak, in bytes (None where the run failed).
 
-    order: "as is" (the executor's order) or "pinned" (to the planned schedule).
+    order: "as is" (the executor's order) or "pinned" (to the planned schedule, loops bounded, as
+    `optimize` runs the step).
     measured_peak_bytes is the median over measured steps; measured_range_bytes
     their lowest and highest.
     """
@@ -56,9 +59,10 @@ class AccuracyRow:
 
 def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[int, int]]]:
     """Child-process side: (order, predicted, median measured, (min, max) measured) bytes, as it is and,
-    where the step can be pinned, pinned."""
+    where the step can be pinned, pinned with its loops bounded to one iteration."""
     from seqmem.budget import plan_swaps, simulate_baseline
-    from seqmem.edge.capture import concrete_function
+    from seqmem.edge import loops
+    from seqmem.edge.capture import concrete_function, to_graph_def
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.examples.steps import build_example
     from seqmem.runtime.optimized_step import build_step
@@ -72,6 +76,8 @@ def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[i
     steps = {}
     if analysis.pinned_order:  # measured first, in the arena as the analysis left it, as `optimize` runs it
         plan = plan_swaps(analysis, 1 << 50, pinned=True)  # no swaps: the order alone
+        if loops.loops_above(to_graph_def(analysis.graph), 1):  # the simulator runs one iteration at a time
+            plan = dataclasses.replace(plan, loop_parallel_iterations=1)
         steps["pinned"] = (analysis.pinned(), build_step(analysis, plan, EmulatedDeviceBackend(), function, example.step))
     steps["as is"] = (analysis, example.step)
     rows = []

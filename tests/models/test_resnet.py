@@ -88,7 +88,8 @@ def test_image_folder_bad_input(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--depth", "12"], ["--budget-mb", "0"], ["--depths", "101,x"],
                                   ["--precision", "1.5"], ["--runs", "0"], ["--variants", "seqmem,fold"],
-                                  ["--variants", ","], ["--frobnicate"]])
+                                  ["--variants", ","], ["--host-memory-mb", "0"], ["--host-memory-mb", "inf"],
+                                  ["--host-memory-mb", "nan"], ["--frobnicate"]])
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(argv)
@@ -136,8 +137,17 @@ def test_report_measures_every_kind_at_a_common_batch():
               "at_common": {"batch": 132, "rows": {"seqmem": measured, "seqmem-fp16": {"error": "oom", "message": ""}}},
               "table_b": []}
     printed = benchmark.format_report(report)
+    assert "emulated device 256 MB (largest batch" in printed
     assert "At batch 132, the largest every seqmem variant trains" in printed
     assert "| seqmem | 200 | 190 | 12 | 50.0 | 0.50x |" in printed and "| seqmem-fp16 | oom | - | - | - | - |" in printed
+    report["args"]["host_memory_mb"] = 512.0
+    assert "emulated device 256 MB, swaps within 512 MB of host memory (largest batch" in benchmark.format_report(report)
+
+
+def test_every_workload_carries_the_host_memory_limit_for_optimize():
+    for variant in benchmark.VARIANTS:
+        workload = benchmark.workload(variant, 20, 32, 10, 256, host_memory_mb=512.0)
+        assert workload.optimized == (variant in benchmark.SEQMEM_KINDS) and workload.host_memory_mb == 512.0
 
 
 def test_compression_run_reports_final_loss_and_refuses_bad_flags(capsys):
