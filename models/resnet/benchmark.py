@@ -13,6 +13,7 @@ training step (SGD with momentum, synthetic images):
   op alone (inputs, outputs, scratch, plus persistent memory) fits; measured and
   predicted peaks and throughput at B_base, seqmem's throughput at B_opt, and
   with several seqmem variants, each one's at the largest batch all of them train.
+  --host-memory-mb bounds what seqmem's swaps may hold in host memory.
 - Table 1(b): measured peak at --depth-batch for deeper networks, without and
   with seqmem, under --depth-budget-mb (OOM where the step does not fit), and
   the paper's M_opt: the peak of seqmem's lowest plan (swaps), in that arena.
@@ -22,6 +23,8 @@ training step (SGD with momentum, synthetic images):
     python -m models.resnet.benchmark                 # ResNet-50 at 64x64, 1024 MB; depths 101/200/1001/2000
     python -m models.resnet.benchmark --quick         # ResNet-20 at 32x32, 256 MB: a few minutes
     python -m models.resnet.benchmark --tables b --depths 2000   # one row of Table 1(b) only
+    python -m models.resnet.benchmark --tables a --variants seqmem,seqmem-lossless,seqmem-all \
+        --host-memory-mb 512                          # the kinds where host memory bounds the swaps
 """
 
 from __future__ import annotations
@@ -155,14 +158,16 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
             "predicted_base_batch": extrapolated_batch(peaks[0], peaks[1], budget_mb * MIB)}
 
 
-def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str) -> str:
+def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_mb: int, path: str,
+                  host_memory_mb: float | None = None) -> str:
     """Child process: PNG of predicted memory over one step at `batch`, baseline and the plan `optimize`
-    makes for `budget_mb` (uncalibrated: this process's arena need not be the budget)."""
+    makes (swaps) for `budget_mb` and `host_memory_mb` (uncalibrated: this process's arena need not be the
+    budget)."""
     from seqmem.plot import plot_plan
     from seqmem.runtime.optimize import optimize
 
     step, _, specs = training_step(batch, depth, image_size, classes)
-    optimized = optimize(step, budget_mb, input_signature=specs, calibrate=False)
+    optimized = optimize(step, budget_mb, input_signature=specs, calibrate=False, host_memory_mb=host_memory_mb)
     return plot_plan(path, optimized.analysis, optimized.plan,
                      title=f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
 
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                     report["at_opt"]["seqmem"] = value_or_verdict(measured)
                 curves = os.path.join(args.out, "resnet-memory.png")
                 drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
-                            curves, budget_mb=max(4 * args.budget_mb, 4096))
+                            curves, host, budget_mb=max(4 * args.budget_mb, 4096))
                 report["memory_png"] = curves if drawn.ok else drawn.verdict
         for depth in depths if "b" in args.tables else ():
             row = {"depth": depth}

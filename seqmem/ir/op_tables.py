@@ -8,6 +8,7 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
+    "FORWARDING_OPS",
     "FUNCTIONAL_LOOP_OPS",
     "FUNCTION_CALL_OPS",
     "INEXPENSIVE_KERNEL_OPS",
@@ -139,6 +140,14 @@ INPLACE_OPS = frozenset([
     "Tanh",
     "TanhGrad",
 ])
+
+# Other kernels that write one output into one input's buffer when that input has the output's size and no
+# other reader left (forward_input_or_allocate_output), by op: (input, output). The cross-entropy kernels
+# write the logits' gradient over the logits.
+FORWARDING_OPS = {
+    "SoftmaxCrossEntropyWithLogits": (0, 1),
+    "SparseSoftmaxCrossEntropyWithLogits": (0, 1),
+}
 
 # Cheap, deterministic, stateless forward ops whose outputs the selector may free and recompute in
 # backward from their inputs (element-wise ops and activations, and batch normalization, whose training

@@ -6,7 +6,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
   the end.
 - View ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer;
   element-wise ops write into an input buffer of the same size whose last reader
-  they are (`op_tables.INPLACE_OPS`).
+  they are (`op_tables.INPLACE_OPS`), and a few others into one given input
+  (`op_tables.FORWARDING_OPS`: the cross-entropy gradient over the logits).
 - A while loop is one node. Its outputs replace the carried values it reads
   last (an input the same size as the output of its index: freed as the loop
   starts); its lists, which it fills or empties, stay. One iteration's body
@@ -33,7 +34,8 @@ from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS, is_persistent_op
+from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS,
+                                 is_persistent_op)
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.sim.scratch import static_scratch_bytes
 
@@ -272,8 +274,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 pending = len(consumers(ref)) + (ref in graph_outputs)
             source = view_source(node, index)
             shared = buffer_of.get(source) if source is not None else None
-            if shared is None and node.op in INPLACE_OPS:
-                shared = _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs)
+            if shared is None:
+                shared = _forwardable_input(node, _overwritable(node, index), size, buffer_of, swap_by_tensor,
+                                            graph_outputs)
             if shared is not None:
                 shared.pending += pending
                 buffer_of[ref] = shared
@@ -329,9 +332,18 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
     )
 
 
-def _forwardable_input(graph, node, size, buffer_of, swap_by_tensor, graph_outputs) -> _Buffer | None:
-    """An input buffer `node` may overwrite: same size, not persistent, this node its last reader."""
-    for ref in node.inputs:
+def _overwritable(node, index: int) -> Sequence[TensorRef]:
+    """The inputs of `node` whose buffer its output `index` may be written into."""
+    if node.op in INPLACE_OPS:
+        return node.inputs
+    forwarding = FORWARDING_OPS.get(node.op)
+    return (node.inputs[forwarding[0]],) if forwarding is not None and forwarding[1] == index else ()
+
+
+def _forwardable_input(node, candidates, size, buffer_of, swap_by_tensor, graph_outputs) -> _Buffer | None:
+    """The buffer of one of `candidates` (inputs of `node`) that `node` may overwrite: same size, not
+    persistent, this node its last reader."""
+    for ref in candidates:
         buffer = buffer_of[ref]
         if (
             buffer.size == size

@@ -36,6 +36,25 @@ def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     assert trace.buffer_of[TensorRef("relu")] == TensorRef("a")
 
 
+def test_the_cross_entropy_gradient_takes_the_logits_buffer_once_nothing_else_reads_them():
+    def loss_graph(logits_read_later):
+        return graph(
+            node("x", "Placeholder", outputs=(8,)),
+            node("labels", "Placeholder", outputs=(400,)),       # as large as the loss: never its buffer
+            node("logits", "Op", ["x"], outputs=(4000,)),
+            node("xent", "SparseSoftmaxCrossEntropyWithLogits", ["logits", "labels"], outputs=(400, 4000)),
+            node("gradient", "Op", ["xent:1"] + (["logits"] if logits_read_later else []), outputs=(10,)),
+            node("out", "Op", ["xent", "gradient"], outputs=(4,)),
+        )
+
+    forwarded = simulate(loss_graph(False), _order(loss_graph(False)))
+    assert forwarded.buffer_of[TensorRef("xent", 1)] == TensorRef("logits")
+    assert max(forwarded.devices[""].live_bytes) == 4000 + 400 + 10
+    kept = simulate(loss_graph(True), _order(loss_graph(True)))  # the logits have a reader after it
+    assert kept.buffer_of[TensorRef("xent", 1)] == TensorRef("xent", 1)
+    assert max(kept.devices[""].live_bytes) == 2 * 4000 + 400 + 10
+
+
 def test_graph_outputs_live_to_the_end():
     g = graph(node("a", "Op", outputs=(100,)), node("b", "Op", outputs=(5,)), outputs=["a"])
     assert simulate(g, _order(g)).devices[""].live_bytes == (100, 105)
