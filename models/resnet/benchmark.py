@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             return result
 
         def search(variant, start):
-            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb, host), budget_mb=args.budget_mb,
-                                  limit=args.max_batch, start=start, precision=args.precision, runs=args.runs,
+            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb, host),
+                                  budget_mb=args.budget_mb, limit=args.max_batch, start=start, precision=args.precision, runs=args.runs,
                                   one_stream=one_stream,
                                   timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
             return {"batch": found.batch, "notes": found.notes}
@@ -322,7 +322,8 @@ def _format_table_a(report: dict[str, Any]) -> list[str]:
     limit = table_a["limit"].get("batch", "-")
     searched = [v for v in VARIANTS[1:] if v in table_a]
     lines = [f"Table 1(a): ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
-             f"emulated device {args['budget_mb']} MB{_host_limit(args)} (largest batch that {search_settings(args)})",
+             f"emulated device {args['budget_mb']} MB{_host_limit(args)} "
+             f"(largest batch that {search_settings(args)})",
              "| variant | largest batch | / B_base | / B_limit |", "|---|---:|---:|---:|",
              f"| baseline (B_base) | {base} | 1.00x | {ratio(base, limit)} |"]
     for variant in searched:

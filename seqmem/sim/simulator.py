@@ -274,7 +274,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 pending = len(consumers(ref)) + (ref in graph_outputs)
             source = view_source(node, index)
             shared = buffer_of.get(source) if source is not None else None
-            if shared is None:
+            if shared is None and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
                 shared = _forwardable_input(node, _overwritable(node, index), size, buffer_of, swap_by_tensor,
                                             graph_outputs)
             if shared is not None:
