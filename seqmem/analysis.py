@@ -69,7 +69,7 @@ def analyze_graph(
     measured_scratch_bytes: Optional[Mapping[str, int]] = None,
     inter_op_threads: int = 1,
     loop_swaps: Sequence[LoopSwap] = (),
-    loop_body_bytes: Optional[Mapping[str, int]] = None,
+    body_bytes: Optional[Mapping[str, int]] = None,
 ) -> StepAnalysis:
     """Analyze the training step `graph`.
 
@@ -81,8 +81,8 @@ def analyze_graph(
     `pinned_order` once pinned. More: in ASAP order, each charged the scratch
     of up to that many - 1 ops overlapping it in time.
     loop_swaps: the step's swappable loop accumulators, recorded as they are.
-    loop_body_bytes: bytes one iteration of each loop's body holds (`edge.loop_bodies`), by loop node
-    name, charged to the loop as scratch.
+    body_bytes: bytes the body of each loop (one iteration) and function call holds (`edge.bodies`), by
+    node name, charged to the node as scratch.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -93,7 +93,7 @@ def analyze_graph(
         timing = analyze_timing(graph, cost_s, anatomy.loss.node)
         scratch = static_scratch_bytes(graph)
         scratch.update(measured_scratch_bytes or {})
-        scratch.update(loop_body_bytes or {})
+        scratch.update(body_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
                                 pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps))

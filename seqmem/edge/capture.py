@@ -6,15 +6,25 @@ through a `tf.Graph` so that dtypes and static shapes come from TensorFlow's own
 shape inference. The function library (loop bodies, called functions) is carried
 along untouched.
 
-Sizes: a numeric tensor's size is dtype size x element count; resource handles
-take 0 bytes (the variable's buffer is booked on the handle node as
-`resource_bytes`); a variant holding a TensorList (e.g. a while-loop
-accumulator) is sized by following it back to the list's creation through
-identities, loops and function calls; other unknowns are None.
+Sizes (`TensorInfo`, `Node`):
+- a numeric tensor: dtype size x element count, from static shapes; tensors
+  computed from a TensorList stacked after its loop take the list's length
+  into their shapes (`seqmem.edge.stack_lengths`);
+- a resource handle: 0 bytes; the variable's buffer is booked on the handle
+  node (`resource_bytes`);
+- a variant holding a TensorList (a loop's accumulator, a TensorArray): sized
+  by following it back to the list's creation through identities, loops and
+  function calls; each element is a buffer of its own (`element_bytes`);
+- an output that a called function or a loop returns unchanged shares its
+  input's buffer (`passes_input`, `seqmem.edge.passthrough`);
+- the constants a called function holds once instantiated are booked on the
+  call node (`constant_bytes`, `seqmem.edge.folded_constants`);
+- other unknowns are None.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,11 +33,14 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
-from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
+from seqmem.edge.folded_constants import call_constant_bytes
+from seqmem.edge.library import FunctionBodies
+from seqmem.edge.passthrough import passed_through_inputs
+from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
 
 __all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
 
@@ -83,11 +96,20 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
     tf_graph, output_names = to_tf_graph(target, input_specs)
     graph_def = target if isinstance(target, graph_pb2.GraphDef) else tf_graph.as_graph_def()
     variable_bytes = _captured_variable_bytes(tf_graph)
-    sizer = _VariantSizer(graph_def.library)
+    bodies = FunctionBodies(graph_def.library)
+    sizer = _VariantSizer(bodies)
+    constant_bytes = call_constant_bytes(tf_graph, bodies)
+    passed = passed_through_inputs(tf_graph, bodies)
+    shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
     nodes = []
     for node_def in graph_def.node:
         op = tf_graph.get_operation_by_name(node_def.name)
-        nodes.append(_node(node_def, op, sizer, variable_bytes.get(node_def.name, 0)))
+        node = _node(node_def, op, sizer, variable_bytes.get(node_def.name, 0), shapes)
+        if node.name in passed:
+            node = dataclasses.replace(node, outputs=tuple(
+                dataclasses.replace(info, passes_input=passed[node.name].get(index))
+                for index, info in enumerate(node.outputs)))
+        nodes.append(dataclasses.replace(node, constant_bytes=constant_bytes.get(node.name, 0)))
     return Graph(
         nodes,
         outputs=[TensorRef.parse(name) for name in output_names],
@@ -121,7 +143,8 @@ def _input_name(ref: TensorRef) -> str:
     return ref.node if ref.index == 0 else str(ref)
 
 
-def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSizer", resource_bytes: int) -> Node:
+def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSizer", resource_bytes: int,
+          shapes: dict[str, tf.TensorShape]) -> Node:
     inputs, control_inputs = [], []
     for name in node_def.input:
         if name.startswith("^"):
@@ -140,7 +163,7 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSize
         op=node_def.op,
         inputs=tuple(inputs),
         control_inputs=tuple(control_inputs),
-        outputs=tuple(_tensor_info(t, sizer) for t in op.outputs),
+        outputs=tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape)) for t in op.outputs),
         device=node_def.device,
         attrs=dict(node_def.attr),
         extras=extras,
@@ -148,14 +171,14 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSize
     )
 
 
-def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer") -> TensorInfo:
+def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.TensorShape) -> TensorInfo:
     dtype = tensor.dtype.base_dtype
-    static_shape = tensor.shape
     shape = None if static_shape.rank is None else tuple(static_shape.as_list())
     if dtype == tf.resource:
         size = 0
     elif dtype == tf.variant:
-        size = sizer.size(tensor)
+        size, element_bytes = sizer.size(tensor) or (None, None)
+        return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, element_bytes=element_bytes)
     elif shape is None or None in shape or dtype == tf.string:
         size = None
     else:
@@ -185,75 +208,82 @@ def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:
 class _VariantSizer:
     """Sizes TensorList variants by following them back to where the list was made."""
 
-    def __init__(self, library) -> None:
-        self._function_defs = {f.signature.name: f for f in library.function}
-        self._bodies: dict[str, Any] = {}
+    def __init__(self, bodies: FunctionBodies) -> None:
+        self._bodies = bodies
 
-    def size(self, tensor: tf.Tensor) -> int | None:
+    def size(self, tensor: tf.Tensor) -> tuple[int, int | None] | None:
+        """(bytes the list `tensor` holds, bytes of each of its elements (None when it holds none)), or None
+        when unknown."""
         return self._size(tensor, (), None, 0)
 
-    def _body(self, name: str):
-        if name not in self._bodies:
-            self._bodies[name] = function_def_to_graph(self._function_defs[name]) if name in self._function_defs else None
-        return self._bodies[name]
+    def length(self, tensor: tf.Tensor) -> int | None:
+        """Elements the list `tensor` holds, or None when unknown."""
+        size = self.size(tensor)
+        return None if size is None or not size[1] else size[0] // size[1]
 
     def _size(self, tensor: tf.Tensor, callers: tuple, trip_count: int | None, depth: int,
-              filled: bool = False) -> int | None:
-        """Bytes of the list `tensor` holds; `filled`: it leaves a loop that grows it, at most
-        `trip_count` times."""
+              filled: bool = False, written: tf.TensorShape = tf.TensorShape(None)) -> tuple[int, int | None] | None:
+        """As `size`; `filled`: the list leaves a loop that grows it, at most `trip_count` times, writing
+        elements of shape `written` (as far as the loop's body knows it)."""
         if depth > _MAX_VARIANT_DEPTH:
             return None
         op = tensor.op
         index = tensor.value_index
-        recurse = lambda t: self._size(t, callers, trip_count, depth + 1, filled)  # noqa: E731
+        recurse = lambda t: self._size(t, callers, trip_count, depth + 1, filled, written)  # noqa: E731
         if op.type in ("EmptyTensorList", "TensorListReserve"):
             # a new list holds no element buffers; a loop fills it (trip_count given by FUNCTIONAL_LOOP_OPS)
-            return self._list_bytes(op, trip_count) if filled else 0
+            return self._list_bytes(op, trip_count, written) if filled else (0, None)
         if op.type == "TensorListFromTensor":
-            return _bytes(op.inputs[0].dtype, op.inputs[0].shape)
-        if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot"):
-            return recurse(op.inputs[0])
+            return _unstacked_bytes(op.inputs[0])
+        if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot", "ZerosLike"):
+            return recurse(op.inputs[0])  # ZerosLike: a new list, of zeros as large as its input's elements
         if op.type == "IdentityN":
             return recurse(op.inputs[index]) if index < len(op.inputs) else None
         if op.type in FUNCTIONAL_LOOP_OPS:
             if index >= len(op.inputs):
                 return None
-            pushed = self._pushed_values(op, index)
-            if any(value.type == "TensorListPopBack" for value in pushed):
-                return 0  # a gradient loop consuming saved activations: the list leaves it empty
-            trip_count = 1 if pushed and all(v.type == "ReadVariableOp" for v in pushed) else self._trip_count(op)
-            return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True)
+            popped, written = self._list_uses(op, index)
+            if popped:
+                return 0, None  # a gradient loop consuming saved activations: the list leaves it empty
+            if written and all(value.op.type == "TensorListGetItem" for value in written):
+                return 0, None  # elements read from another list, not copied: that list holds their buffers
+            trip_count = 1 if written and all(v.op.type == "ReadVariableOp" for v in written) else self._trip_count(op)
+            return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True,
+                              written=_common_shape(value.shape for value in written))
         if op.type in FUNCTION_CALL_OPS:
-            body = self._body(op.get_attr("f").name)
+            body = self._bodies.get(op.get_attr("f").name)
             if body is None or index >= len(body.outputs):
                 return None
-            return self._size(body.outputs[index], callers + ((op, body),), trip_count, depth + 1, filled)
+            return self._size(body.outputs[index], callers + ((op, body),), trip_count, depth + 1, filled,
+                              written)
         if op.type == "Placeholder" and callers:
             call_op, body = callers[-1]
             arguments = [t.op for t in body.inputs]
             if op not in arguments or arguments.index(op) >= len(call_op.inputs):
                 return None
-            return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1, filled)
+            return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1, filled,
+                              written)
         return None
 
-    def _pushed_values(self, loop: tf.Operation, index: int) -> list[tf.Operation]:
-        """For loop variable `index`, the ops the body acts on it with: the producers of the values
-        pushed onto it (TensorListPushBack), or the TensorListPopBack ops that read it.
+    def _list_uses(self, loop: tf.Operation, index: int) -> tuple[bool, list[tf.Tensor]]:
+        """For loop variable `index`: whether the body pops from it (TensorListPopBack), and the values it
+        writes to it (TensorListPushBack, TensorListSetItem: a TensorArray's write).
 
         A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
         empties it; one that pushes a variable's value each iteration (ReadVariableOp) holds one
-        buffer, shared by every element.
+        buffer, shared by every element; one that pushes elements of another list (TensorListGetItem, a
+        Keras RNN saving its inputs) holds none of its own.
         """
-        body = self._body(loop.get_attr("body").name)
+        body = self._bodies.get(loop.get_attr("body").name)
         if body is None or index >= len(body.inputs):
-            return []
-        acting = []
+            return False, []
+        popped, written = False, []
         for consumer in body.inputs[index].consumers():
             if consumer.type == "TensorListPopBack":
-                acting.append(consumer)
-            elif consumer.type == "TensorListPushBack":
-                acting.append(consumer.inputs[1].op)
-        return acting
+                popped = True
+            elif consumer.type in LIST_WRITE_OPS:
+                written.append(consumer.inputs[LIST_WRITE_OPS[consumer.type]])
+        return popped, written
 
     def _trip_count(self, loop: tf.Operation) -> int | None:
         """Iterations of a While loop whose condition compares a counter with a constant.
@@ -261,7 +291,7 @@ class _VariantSizer:
         The smallest bound `c` of a `Less(x, c)` (or `c + 1` of `LessEqual`) in the
         condition, where `c` is a constant in the condition or a constant loop input.
         """
-        cond = self._body(loop.get_attr("cond").name)
+        cond = self._bodies.get(loop.get_attr("cond").name)
         if cond is None:
             return None
         arguments = [t.op for t in cond.inputs]
@@ -279,23 +309,44 @@ class _VariantSizer:
         return min(bounds) if bounds else None
 
     @staticmethod
-    def _list_bytes(op: tf.Operation, trip_count: int | None) -> int | None:
+    def _list_bytes(op: tf.Operation, trip_count: int | None, written: tf.TensorShape) -> tuple[int, int] | None:
+        """(bytes, bytes per element) of the list `op` makes once a loop of `trip_count` iterations filled it
+        with elements of shape `written` (which completes what the list's element shape leaves unknown)."""
         element_shape = _static_value(op.inputs[0])
         count = _static_value(op.inputs[1])
-        if element_shape is None or count is None:
+        if count is None:
             return None
         count = int(count)
-        if count < 0:  # unbounded list: grown once per iteration of the enclosing loop
+        if count <= 0:  # unbounded, or a TensorArray of dynamic size: grown once per iteration of the loop
             if trip_count is None:
                 return None
             count = trip_count
         elif trip_count is not None:
             count = min(count, trip_count)
-        element_shape = [int(d) for d in list(np.reshape(element_shape, -1))]
-        if any(d < 0 for d in element_shape):
+        shape = tf.TensorShape(None)
+        if element_shape is not None and np.ndim(element_shape) == 1:  # a scalar -1: rank unknown
+            shape = tf.TensorShape([int(d) if d >= 0 else None for d in element_shape])
+        if not shape.is_compatible_with(written):
             return None
-        element_bytes = _bytes(op.get_attr("element_dtype"), element_shape)
-        return None if element_bytes is None else count * element_bytes
+        element_bytes = _bytes(op.get_attr("element_dtype"), shape.merge_with(written))
+        return None if element_bytes is None else (count * element_bytes, element_bytes)
+
+
+def _common_shape(shapes) -> tf.TensorShape:
+    """What `shapes` (static shapes of values written to one list) agree on; unknown where they differ."""
+    common = None
+    for shape in shapes:
+        common = shape if common is None else common.most_specific_compatible_shape(shape)
+    return tf.TensorShape(None) if common is None else common
+
+
+def _unstacked_bytes(tensor: tf.Tensor) -> tuple[int, int | None] | None:
+    """(bytes, bytes per element) of a list made from `tensor`'s rows (TensorListFromTensor)."""
+    size = _bytes(tensor.dtype, tensor.shape)
+    if size is None:
+        return None
+    rows = tensor.shape[0] if tensor.shape.rank else 0
+    return size, (size // rows if rows else None)
 
 
 def _static_value(tensor: tf.Tensor):

@@ -16,12 +16,35 @@ attributes, so the edited function is the one that runs.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Optional
 
+import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
 from seqmem.ir.op_tables import writes_variable
 
-__all__ = ["called_functions", "copies_for", "follow_copies", "rename_functions", "variable_writers"]
+__all__ = ["FunctionBodies", "called_functions", "copies_for", "follow_copies", "rename_functions",
+           "variable_writers"]
+
+
+class FunctionBodies:
+    """The graphs of a library's functions, each built once, on first use."""
+
+    def __init__(self, library: function_pb2.FunctionDefLibrary) -> None:
+        self._function_defs = {f.signature.name: f for f in library.function}
+        self._graphs: dict[str, tf.Graph] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._function_defs
+
+    def get(self, name: str) -> Optional[tf.Graph]:
+        """The graph of function `name` (its arguments are its `inputs`), or None when the library has none."""
+        if name not in self._function_defs:
+            return None
+        if name not in self._graphs:
+            self._graphs[name] = function_def_to_graph(self._function_defs[name])
+        return self._graphs[name]
 
 # FunctionDef attributes by which Grappler's implementation selector swaps a function for an equivalent one
 _API_ATTRIBUTES = ("api_implements", "api_preferred_device", "backward_function_name", "forward_function_name")

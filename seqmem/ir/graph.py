@@ -51,11 +51,18 @@ class TensorInfo:
     shape is None when even the rank is unknown.
     size_bytes: bytes the tensor occupies on the device, None when unknown
     (unknown shape, or a variant whose contents could not be sized).
+    element_bytes: for a TensorList, the bytes of each element, a buffer of its
+    own (the list holds size_bytes // element_bytes of them); None otherwise.
+    passes_input: the index of the node's input that this output is, returned
+    unchanged by a called function or a loop (`seqmem.edge.passthrough`): the
+    two share one buffer. None otherwise.
     """
 
     dtype: str
     shape: tuple[int | None, ...] | None
     size_bytes: int | None
+    element_bytes: int | None = None
+    passes_input: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,9 @@ class Node:
 
     resource_bytes: bytes of device memory owned by the resource this node stands
     for (a variable's buffer behind a handle); 0 for ordinary ops.
+    constant_bytes: bytes of device memory the function this node calls holds in
+    constants once instantiated, across steps (`seqmem.edge.folded_constants`);
+    0 for other ops.
     attrs, extras: opaque values (TensorFlow protos) seqmem carries but does not read,
     except through the capture module.
     """
@@ -77,6 +87,7 @@ class Node:
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
     extras: Mapping[str, Any] = field(default_factory=dict, compare=False)
     resource_bytes: int = 0
+    constant_bytes: int = 0
 
 
 class Graph:
@@ -278,6 +289,9 @@ class Graph:
 
 def view_source(node: Node, index: int) -> TensorRef | None:
     """The input whose buffer output `index` of `node` shares, or None if it owns its buffer."""
+    passed = node.outputs[index].passes_input if index < len(node.outputs) else None
+    if passed is not None:
+        return node.inputs[passed]
     if node.op not in VIEW_OPS or not node.inputs:
         return None
     if node.op == "IdentityN":

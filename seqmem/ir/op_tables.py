@@ -14,6 +14,7 @@ __all__ = [
     "INEXPENSIVE_KERNEL_OPS",
     "INLINE_OPS",
     "INPLACE_OPS",
+    "LIST_WRITE_OPS",
     "LOOP_BACK_OPS",
     "LOOP_MERGE_OPS",
     "PERSISTENT_OPS",
@@ -147,6 +148,13 @@ INPLACE_OPS = frozenset([
 FORWARDING_OPS = {
     "SoftmaxCrossEntropyWithLogits": (0, 1),
     "SparseSoftmaxCrossEntropyWithLogits": (0, 1),
+}
+
+# Ops that write an element into a TensorList (a loop's accumulator, a TensorArray), by op: the input holding
+# the element.
+LIST_WRITE_OPS = {
+    "TensorListPushBack": 1,
+    "TensorListSetItem": 2,
 }
 
 # Cheap, deterministic, stateless forward ops whose outputs the selector may free and recompute in

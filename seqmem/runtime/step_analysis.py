@@ -12,7 +12,7 @@ from seqmem.analysis import StepAnalysis, analyze_graph
 from seqmem.critical_path import MachineModel
 from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
-from seqmem.edge.loop_bodies import loop_body_bytes
+from seqmem.edge.bodies import body_bytes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
@@ -43,17 +43,17 @@ def analyze_function(
         from seqmem.edge.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
-    swaps, body_bytes = _loops(graph)
+    swaps, held_by_bodies = _loops_and_calls(graph)
     return analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
-                         inter_op_threads=inter_op_threads(), loop_swaps=swaps, loop_body_bytes=body_bytes)
+                         inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies)
 
 
-def _loops(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
-    """The step's swappable loop accumulators and the bytes each of its loops' bodies holds."""
+def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
+    """The step's swappable loop accumulators and the bytes each of its loops' and calls' bodies holds."""
     if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
         return [], {}
     graph_def = capture.to_graph_def(graph)
-    return loop_accumulators(graph_def), loop_body_bytes(graph_def)
+    return loop_accumulators(graph_def), body_bytes(graph_def)
 
 
 def inter_op_threads() -> int:

@@ -13,6 +13,9 @@ model of the allocator to predict them:
   the rounded request or the remainder is at least 128 MiB; adjacent free
   chunks of a region merge on free; when nothing fits, a new region is
   allocated, starting at 2 MiB and doubling (growth mode).
+
+A request may be made of equal pieces (a TensorList's elements, each a buffer
+of its own): the models place each piece and free them together.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class ExactAllocator:
         self._sizes: dict[int, int] = {}
         self._ids = itertools.count()
 
-    def allocate(self, size_bytes: int) -> int:
+    def allocate(self, size_bytes: int, pieces: int = 1) -> int:
         handle = next(self._ids)
         self._sizes[handle] = size_bytes
         self.in_use_bytes += size_bytes
@@ -72,11 +75,17 @@ class BFCAllocatorModel:
         self._next_region = _INITIAL_REGION
         self._chunks: dict[int, _Chunk] = {}
         self._free: list[tuple[int, int, int]] = []  # (size, address, chunk id), sorted
+        self._pieces: dict[int, list[int]] = {}  # handle of a request in pieces -> its chunks' handles
         self._ids = itertools.count()
         self._regions = 0
 
-    def allocate(self, size_bytes: int) -> int:
-        """Allocate a chunk for `size_bytes`; returns a handle for `free`."""
+    def allocate(self, size_bytes: int, pieces: int = 1) -> int:
+        """Allocate a chunk for `size_bytes`, or `pieces` chunks of `size_bytes // pieces` each, one after
+        another; returns a handle for `free`."""
+        if pieces > 1:
+            handle = next(self._ids)
+            self._pieces[handle] = [self.allocate(size_bytes // pieces) for _ in range(pieces)]
+            return handle
         rounded = max(_GRANULE, -(-size_bytes // _GRANULE) * _GRANULE)
         position = bisect.bisect_left(self._free, (rounded, -1, -1))
         if position == len(self._free):
@@ -91,7 +100,11 @@ class BFCAllocatorModel:
         return handle
 
     def free(self, handle: int) -> None:
-        """Return a chunk; it merges with free neighbours of its region."""
+        """Return a chunk (or a request's pieces); it merges with free neighbours of its region."""
+        if handle in self._pieces:
+            for piece in self._pieces.pop(handle):
+                self.free(piece)
+            return
         chunk = self._chunks[handle]
         chunk.free = True
         self.in_use_bytes -= chunk.size

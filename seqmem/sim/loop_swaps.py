@@ -44,8 +44,9 @@ def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Seque
     nodes = []
     for name, node in graph.nodes.items():
         if name in resized:
-            outputs = tuple(dataclasses.replace(info, size_bytes=resized[name][i]) if i in resized[name] else info
-                            for i, info in enumerate(node.outputs))
+            outputs = tuple(dataclasses.replace(info, size_bytes=resized[name][i],
+                                                element_bytes=SERIALIZED_ELEMENT_BYTES)
+                            if i in resized[name] else info for i, info in enumerate(node.outputs))
             node = dataclasses.replace(node, outputs=outputs)
         nodes.append(node)
     return graph.replace(nodes=nodes), scratch

@@ -10,10 +10,15 @@ Model (that of TensorFlow's executor with a BFC allocator):
   (`op_tables.FORWARDING_OPS`: the cross-entropy gradient over the logits).
 - A while loop is one node. Its outputs replace the carried values it reads
   last (an input the same size as the output of its index: freed as the loop
-  starts); its lists, which it fills or empties, stay. One iteration's body
-  is charged as the loop's scratch (`seqmem.edge.loop_bodies`).
-- Parameters, constants, inputs and variables behind resource handles are
-  persistent: counted once, for the whole step.
+  starts); its lists, which it fills or empties, stay. Its loop invariants,
+  and what a called function returns unchanged, share the input's buffer
+  (`TensorInfo.passes_input`). One iteration's body
+  is charged as the loop's scratch (`seqmem.edge.bodies`). A list's
+  elements are buffers of their own (`TensorInfo.element_bytes`): the
+  allocator model places each one.
+- Parameters, constants, inputs, variables behind resource handles and the
+  constants a called function holds (`Node.constant_bytes`) are persistent:
+  counted once, for the whole step.
 - While a node runs, its inputs, its outputs and its scratch memory
   (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
   memory while `order[i]` runs.
@@ -120,10 +125,10 @@ def _short_device(device: str) -> str:
 
 
 class _Buffer:
-    __slots__ = ("size", "device", "owner", "pending", "persistent", "start", "end", "handle")
+    __slots__ = ("size", "pieces", "device", "owner", "pending", "persistent", "start", "end", "handle")
 
-    def __init__(self, size: int, device: str, owner: TensorRef, persistent: bool, start: int) -> None:
-        self.size, self.device, self.owner = size, device, owner
+    def __init__(self, size: int, device: str, owner: TensorRef, persistent: bool, start: int, pieces: int = 1) -> None:
+        self.size, self.pieces, self.device, self.owner = size, pieces, device, owner
         self.persistent, self.start = persistent, start
         self.pending = 0
         self.end = -1
@@ -140,9 +145,9 @@ class _DeviceMemory:
         self.tensor_persistent_bytes = 0
         self.persistent_handles: dict[TensorRef, int] = {}
 
-    def allocate(self, size: int) -> int:
+    def allocate(self, size: int, pieces: int = 1) -> int:
         self.tensor_bytes += size
-        return self.model.allocate(size)
+        return self.model.allocate(size, pieces)
 
     def free(self, handle: int, size: int) -> None:
         self.tensor_bytes -= size
@@ -239,16 +244,18 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         memory = memories[device]
         if node.resource_bytes:
             memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)
+        if node.constant_bytes:
+            memory.allocate_persistent(TensorRef(name, -2), node.constant_bytes)
 
         restoring = []  # (device memory, handle, bytes) freed once this step is counted
         for ref in swap_ins_before.get(step, ()):
             original = buffer_of[ref]
-            copy = _Buffer(original.size, original.device, ref, False, step)
+            copy = _Buffer(original.size, original.device, ref, False, step, original.pieces)
             copy.pending = reads(ref, late=True)
             copy_of[ref] = copy
             buffers.append(copy)
             copy_memory = memories[copy.device]
-            copy.handle = copy_memory.allocate(copy.size)
+            copy.handle = copy_memory.allocate(copy.size, copy.pieces)
             event = swap_by_tensor[ref]
             if event.restore_bytes:
                 restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
@@ -281,7 +288,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 shared.pending += pending
                 buffer_of[ref] = shared
                 continue
-            buffer = _Buffer(size, device, ref, persistent, step)
+            buffer = _Buffer(size, device, ref, persistent, step, _pieces(info, size))
             buffer.pending = pending
             buffer_of[ref] = buffer
             buffers.append(buffer)
@@ -289,7 +296,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             if buffer.persistent:
                 memory.allocate_persistent(ref, size)
             elif size:
-                buffer.handle = memory.allocate(size)
+                buffer.handle = memory.allocate(size, buffer.pieces)
 
         scratch = scratch_bytes.get(name, 0)
         scratch_handle = memory.allocate(scratch) if scratch else None
@@ -330,6 +337,12 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
         lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
     )
+
+
+def _pieces(info, size: int) -> int:
+    """Buffers a tensor of `size` bytes is made of: a list's elements, else one."""
+    element = info.element_bytes
+    return size // element if element and size > element and size % element == 0 else 1
 
 
 def _overwritable(node, index: int) -> Sequence[TensorRef]:
@@ -423,6 +436,6 @@ def _carried_inputs(node, buffer_of, swap_by_tensor) -> tuple[int, ...]:
     for index, ref in enumerate(node.inputs[:len(node.outputs)]):
         buffer = buffer_of[ref]
         if (ref not in swap_by_tensor and buffer.pending == 1 and not buffer.persistent and buffer.size
-                and buffer.size == node.outputs[index].size_bytes):
+                and buffer.size == node.outputs[index].size_bytes and node.outputs[index].passes_input is None):
             carried.append(index)
     return tuple(carried)

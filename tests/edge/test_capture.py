@@ -77,10 +77,12 @@ def test_lstm_accumulators_are_sized_through_loops_and_calls():
         return loss
 
     graph = capture.from_tf(step, [tf.TensorSpec([2, 7, 3], tf.float32)])
-    sizes = [graph.tensor(r).size_bytes for r in analyze_step(graph).feature_maps if graph.tensor(r).dtype == "variant"]
-    # per-step [batch, units] float32 lists over 7 steps
+    lists = [graph.tensor(r) for r in analyze_step(graph).feature_maps if graph.tensor(r).dtype == "variant"]
+    sizes = [info.size_bytes for info in lists]
+    # per-step [batch, units] float32 lists over 7 steps, each element a buffer of its own
     assert 7 * 2 * 8 * 4 in sizes
     assert None not in sizes
+    assert all(info.element_bytes == 2 * 8 * 4 for info in lists if info.size_bytes == 7 * 2 * 8 * 4)
 
 
 def test_unsupported_target_is_a_type_error():

@@ -21,11 +21,11 @@ def test_loop_swapped_nmt_step_trains_bit_identically():
     tf.config.experimental.enable_op_determinism()
     step, inputs, specs = _nmt_step(8, 30, 64)
     before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
-    # at half the peak every decoder list goes (at 0.8 of it, one: the attention's [B, T, H] tanh)
-    optimized = optimize(step, 0.5 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
+    # at 0.6 of the peak most decoder lists go (14; at 0.8 of it, one: the attention's [B, T, H] tanh)
+    optimized = optimize(step, 0.6 * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
     plan = optimized.plan
     assert len(plan.loop_swaps) >= 10 and plan.loop_parallel_iterations == 1 and plan.feasible
-    assert "loop accumulators of 1 loop(s) swapped element by element" in plan.summary()
+    assert "loop(s) swapped element by element" in plan.summary()
     variables = list(optimized.function.graph.variables)
     start = [v.numpy() for v in variables]
     results = []
@@ -90,10 +90,10 @@ def _recurrent_layers(name):
     if name == "memory-efficient LSTM x2":  # top-level loops
         return [MemoryEfficientLSTM(64, return_sequences=True) for _ in range(2)], 2, 0.8
     if name == "Keras LSTM x2":  # loops inside Keras' functions, as are the GRU's and the bidirectional's
-        return [tf.keras.layers.LSTM(64, return_sequences=True) for _ in range(2)], 2, 0.5
+        return [tf.keras.layers.LSTM(64, return_sequences=True) for _ in range(2)], 2, 0.7
     if name == "Keras GRU":
-        return [tf.keras.layers.GRU(64, return_sequences=True)], 1, 0.5
-    return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2, 0.5
+        return [tf.keras.layers.GRU(64, return_sequences=True)], 1, 0.7
+    return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2, 0.6
 
 
 @pytest.mark.parametrize("layers", ["memory-efficient LSTM x2", "Keras LSTM x2", "Keras GRU", "bidirectional LSTM"])

@@ -28,6 +28,19 @@ def test_bfc_hands_out_a_chunk_under_twice_the_request_whole():
     assert model.in_use_bytes == 16 * MB
 
 
+def test_bfc_places_a_request_in_pieces_chunk_by_chunk_and_frees_them_together():
+    # A TensorList of ten 1 MiB elements fills regions of 2, 4 and 8 MiB piece by piece, unpadded;
+    # as one 10 MiB request it would take a 16 MiB region whole.
+    model = BFCAllocatorModel()
+    handle = model.allocate(10 * MB, pieces=10)
+    assert model.in_use_bytes == 10 * MB
+    model.free(handle)
+    assert model.in_use_bytes == 0
+    whole = BFCAllocatorModel()
+    whole.allocate(10 * MB)
+    assert whole.in_use_bytes == 16 * MB
+
+
 def test_bfc_rounds_to_256_bytes_and_coalesces_on_free():
     model = BFCAllocatorModel()
     a = model.allocate(1)

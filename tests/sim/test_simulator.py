@@ -23,6 +23,17 @@ def test_peak_by_hand():
     assert dict(device.live_at_peak) == {TensorRef("f1"): 1000, TensorRef("f2"): 2000, TensorRef("gradient_tape/g2"): 2000}
 
 
+def test_the_bfc_model_places_a_list_element_by_element():
+    # a loop's list of ten 1 MiB elements: ten chunks, unpadded (one 10 MiB chunk would be padded to 16 MiB)
+    mib = 1 << 20
+    listed = TensorInfo("variant", (), 10 * mib, element_bytes=mib)
+    g = graph(node("loop", "While", outputs=(listed,)), node("out", "Op", ["loop"], outputs=(4,)))
+    bfc = simulate(g, _order(g), allocator="bfc").devices[""]
+    assert bfc.live_bytes[0] == 10 * mib
+    whole = graph(node("loop", "While", outputs=(10 * mib,)), node("out", "Op", ["loop"], outputs=(4,)))
+    assert simulate(whole, _order(whole), allocator="bfc").devices[""].live_bytes[0] == 16 * mib
+
+
 def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     g = graph(
         node("x", "Placeholder", outputs=(8,)),

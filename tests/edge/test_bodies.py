@@ -1,8 +1,8 @@
-"""seqmem.edge.loop_bodies: what one iteration of a loop's body holds beyond the loop's variables."""
+"""seqmem.edge.bodies: what one iteration of a loop's body, or a called function's, holds beyond the node's inputs and outputs."""
 
 import tensorflow as tf
 
-from seqmem.edge.loop_bodies import loop_body_bytes
+from seqmem.edge.bodies import body_bytes
 
 _MIB = 1 << 20
 
@@ -22,16 +22,16 @@ def test_an_iterations_intermediates_count_and_the_loop_variables_do_not():
     wide = tf.ones([256, 4096])
     graph_def = _graph_def(lambda i, h: (i + 1, tf.reshape(tf.reduce_sum(tf.reshape(tf.tile(h, [1, 16]) * wide,
                                                                                     [256, 256, 16]), -1), [256, 256])))
-    (loop, body_bytes), = loop_body_bytes(graph_def).items()
+    (loop, held), = body_bytes(graph_def).items()
     assert "while" in loop
     # the tiled copy (4 MiB; the product is written into it) and the sum (256 KiB); `wide` is captured, an
     # argument like the loop variables
-    assert 0 <= body_bytes - (4 * _MIB + (256 << 10)) < 1024  # and the counter's scalars
+    assert 0 <= held - (4 * _MIB + (256 << 10)) < 1024  # and the counter's scalars
 
 
 def test_a_loop_that_only_passes_its_variables_on_holds_nothing():
     graph_def = _graph_def(lambda i, h: (i + 1, h))
-    assert max(loop_body_bytes(graph_def).values()) < 1024  # the counter's scalars
+    assert max(body_bytes(graph_def).values()) < 1024  # the counter's scalars
 
 
 def test_elements_read_from_a_list_are_the_lists_bytes():
@@ -43,4 +43,22 @@ def test_elements_read_from_a_list_are_the_lists_bytes():
 
     graph_def = step.get_concrete_function(tf.TensorSpec([3, 256, 256])).graph.as_graph_def()
     # the product is 256 KiB; the element read (256 KiB) is the list's, not counted again
-    assert max(loop_body_bytes(graph_def).values()) < (256 << 10) + 1024
+    assert max(body_bytes(graph_def).values()) < (256 << 10) + 1024
+
+
+def test_a_calls_intermediates_count_and_what_it_returns_does_not():
+    @tf.function(autograph=False)
+    def inner(h):
+        wide = tf.tile(h, [1, 16])  # [256, 4096]: 4 MiB, the call's own
+        return tf.reduce_sum(tf.reshape(wide, [256, 256, 16]), -1), tf.identity(h)
+
+    @tf.function(autograph=False)
+    def step(h):
+        total, same = inner(h)
+        return total + same
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
+    (call, held), = body_bytes(graph_def).items()
+    assert "Call" in graph_def.node[[n.name for n in graph_def.node].index(call)].op
+    # the tiled copy; the sum (256 KiB) is returned, the call's output, and h is its argument
+    assert 0 <= held - 4 * _MIB < 1024

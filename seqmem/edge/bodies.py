@@ -1,0 +1,107 @@
+"""Bytes a loop's or a called function's body holds while it runs, which the simulator does not see.
+
+The simulator treats a while loop and a function call as one node each: their
+inputs and outputs (a loop's variables and lists, what a call returns) are live
+while it runs. The body allocates more. An iteration of a loop holds its
+intermediates (an attention step's [batch, time, units] scores and their
+gradients, for instance) and its constants, which the kernels materialize. A
+called function holds its intermediates while it runs: a Keras LSTM's backward
+function, its transposed gradients and the zeroed lists it makes beside the
+lists it consumes. Per loop and per call, `body_bytes` simulates the body once,
+in topological order with exact tensor sizes, and returns its peak beyond what
+the node is charged anyway, charged to the node as scratch:
+
+    loop: peak live bytes of one iteration's own tensors + bytes of its constants
+    call: peak live bytes of the body's own tensors
+
+Leaving out the body's arguments (the node's inputs); for a loop, elements it
+reads from or writes to a list (the list's buffers); for a call, what it returns
+(the node's outputs) and its constants (held across steps:
+`seqmem.edge.folded_constants`). Loops and calls nested in a body are charged
+the same way inside it, recursively. One iteration is charged, as `optimize`
+runs loops (one iteration at a time); a loop left to run iterations in
+parallel may hold more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from tensorflow.core.framework import graph_pb2
+
+from seqmem.edge import capture
+from seqmem.edge.library import FunctionBodies
+from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
+from seqmem.sim.simulator import simulate
+
+__all__ = ["body_bytes"]
+
+# Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
+# (their output), and what `LIST_WRITE_OPS` write to one
+_LIST_READ_OPS = frozenset({"TensorListPopBack", "TensorListGetItem"})
+
+
+def body_bytes(graph_def: graph_pb2.GraphDef) -> dict[str, int]:
+    """For each while loop and function call among `graph_def`'s own nodes, by node name: the bytes its body
+    holds as the module docstring says (nodes whose function is not in the library are left out)."""
+    bodies = FunctionBodies(graph_def.library)
+    measured: dict[tuple[str, bool], int] = {}
+
+    def held(function: str, loop: bool) -> int:
+        if (function, loop) not in measured:
+            measured[function, loop] = 0  # a body that (indirectly) runs itself is counted once
+            body = bodies.get(function)
+            nested = charged((op.name, op.type, lambda key, op=op: op.get_attr(key).name)
+                             for op in body.get_operations())
+            graph = capture.from_tf(body)
+            returned = [TensorRef.parse(t.name) for t in body.outputs]
+            measured[function, loop] = (_iteration_bytes(graph, nested) if loop
+                                        else _call_bytes(graph, nested, returned))
+        return measured[function, loop]
+
+    def charged(nodes: Iterable) -> dict[str, int]:
+        result = {}
+        for name, op, function_of in nodes:
+            key = "body" if op in FUNCTIONAL_LOOP_OPS else "f" if op in FUNCTION_CALL_OPS else None
+            if key is not None and function_of(key) in bodies:
+                result[name] = held(function_of(key), key == "body")
+        return result
+
+    def attr_function(node):
+        return lambda key: node.attr[key].func.name
+
+    return charged((node.name, node.op, attr_function(node)) for node in graph_def.node)
+
+
+def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
+    """Peak live bytes of a loop body's own tensors, list elements aside (`nested` bytes charged to its
+    loops and calls), plus its constants' bytes."""
+    constants = sum(info.size_bytes or 0 for node in body.nodes.values() if node.op == "Const"
+                    for info in node.outputs)
+    listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
+    listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
+    return _peak_without(body, listed, nested) + constants
+
+
+def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) -> int:
+    """Peak live bytes of a called function's own tensors but the buffers it returns (`nested` bytes charged
+    to its loops and calls)."""
+    owners = set()
+    for ref in returned:
+        while ref is not None and ref not in owners:
+            owners.add(ref)
+            ref = view_source(body.node(ref.node), ref.index)
+    return _peak_without(body, owners, nested)
+
+
+def _peak_without(body: Graph, left_out: set[TensorRef], nested: dict[str, int]) -> int:
+    """Peak live bytes of `body`'s own tensors (arguments and constants are persistent), `left_out` counted
+    as 0 bytes."""
+    nodes = [dataclasses.replace(node, outputs=tuple(
+                 dataclasses.replace(info, size_bytes=0) if TensorRef(name, i) in left_out else info
+                 for i, info in enumerate(node.outputs)))
+             for name, node in body.nodes.items()]
+    timeline = simulate(body.replace(nodes=nodes), body.topological_order(), scratch_bytes=nested).busiest()
+    return timeline.peak_bytes - timeline.persistent_bytes

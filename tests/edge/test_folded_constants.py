@@ -1,0 +1,80 @@
+"""seqmem.edge.folded_constants: constants a called function holds once TensorFlow has folded its body."""
+
+import tensorflow as tf
+
+from seqmem.edge.capture import from_tf
+from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, call_constant_bytes
+from seqmem.edge.library import FunctionBodies
+
+_SPEC = tf.TensorSpec([1000], tf.float32)  # 4000 bytes
+
+
+def _constant_bytes(outer):
+    function = outer.get_concrete_function(_SPEC)
+    bodies = FunctionBodies(function.graph.as_graph_def().library)
+    return call_constant_bytes(function.graph, bodies)
+
+
+def test_zeros_of_a_known_shape_and_what_folds_from_them_are_held():
+    @tf.function(autograph=False)
+    def inner(x):
+        return x + tf.zeros_like(x) * 3.0  # ZerosLike becomes a constant, the product folds: one [1000] held
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x)
+
+    (call, held), = _constant_bytes(outer).items()
+    assert 4000 <= held < 4000 + 64  # and the scalar 3.0
+
+
+def test_a_constant_the_caller_passes_folds_inside_the_call():
+    @tf.function(autograph=False)
+    def inner(x, z):
+        return x + z * 3.0
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x, tf.zeros([1000]))
+
+    assert 4000 <= max(_constant_bytes(outer).values()) < 4000 + 64
+
+
+def test_what_reads_a_computed_value_is_not_folded():
+    @tf.function(autograph=False)
+    def inner(x):
+        return tf.exp(x) * 3.0
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x)
+
+    assert max(_constant_bytes(outer).values()) < 64  # the scalar 3.0 only
+
+
+def test_results_over_the_folding_limit_stay_computed():
+    rows = MAX_FOLDED_BYTES // 4000 + 1  # [rows, 1000] float32: just over 10 MiB
+
+    @tf.function(autograph=False)
+    def inner(x):
+        return x + tf.tile(tf.ones([1, 1000]), [rows, 1])  # ones [1, 1000] is folded; the tile is too large
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x)
+
+    assert max(_constant_bytes(outer).values()) < 4000 + 64
+
+
+def test_capture_books_them_on_the_call_node():
+    @tf.function(autograph=False)
+    def inner(x):
+        return x + tf.zeros_like(x) * 3.0
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x)
+
+    graph = from_tf(outer, [_SPEC])
+    calls = [node for node in graph.nodes.values() if node.op in ("PartitionedCall", "StatefulPartitionedCall")]
+    assert len(calls) == 1 and calls[0].constant_bytes >= 4000
