@@ -1,8 +1,9 @@
 """Measured peaks of a loop-heavy training step: loops as traced, bounded to one iteration at a time, and
 bounded with every swappable loop accumulator in host memory.
 
-Steps: "tfa" and "efficient" (the NMT step, T=50, batch 8, 256 units, with
-tfa's or seqmem's attention) and "lstm" (the built-in lstm example, batch 64).
+Steps: "tfa" and "efficient" (the NMT step, T=50, --batch 8, 256 units,
+vocabulary 1000, with tfa's or seqmem's attention) and "lstm" (the built-in
+lstm example, batch 64).
 "Bounded" is `seqmem.optimize` at a budget the step fits (no swaps, every loop
 at `loop_parallel_iterations=1`); "bounded, lists swapped" adds
 `seqmem.edge.loop_swap` on every accumulator it can swap, as `optimize` does
@@ -14,6 +15,7 @@ seqmem's predicted peak (with every list swapped for the third setting, as
 
     python -m models.nmt.loop_peaks                         # all three, 3 runs of 8 steps, one stream
     python -m models.nmt.loop_peaks --executor pool --steps-of tfa
+    python -m models.nmt.loop_peaks --steps-of tfa,efficient --batch 223   # the benchmark's B_base, T = 50
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ LOOP_SETTINGS = ("as traced", "bounded to 1", "bounded, lists swapped")
 _DEVICE_MB = 2048
 
 
-def peaks(step_name: str, loops: str, steps: int) -> dict[str, Any]:
+def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, Any]:
     """Child process: measured peaks (bytes) and median seconds of `steps` steps with `loops` (one of
-    LOOP_SETTINGS), and the predicted peak of the step as traced."""
+    LOOP_SETTINGS), and the predicted peak of the step as traced; `batch` of the NMT steps."""
     import tensorflow as tf
 
     from seqmem.budget import loop_swapped, simulate_baseline
@@ -50,7 +52,7 @@ def peaks(step_name: str, loops: str, steps: int) -> dict[str, Any]:
     else:
         from models.nmt.benchmark import training_step
 
-        step, inputs, specs = training_step(8, 50, 256, vocab=1000, attention=step_name)
+        step, inputs, specs = training_step(batch, 50, 256, vocab=1000, attention=step_name)
     optimized = optimize(step, 1e5, input_signature=specs, calibrate=False,
                          loop_parallel_iterations=None if loops == "as traced" else 1)
     run, predicted = optimized, optimized.plan.predicted_peak_before_bytes
@@ -78,22 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per step and loop setting")
     parser.add_argument("--steps", type=int, default=8, help="measured steps per process, after a warm-up")
     parser.add_argument("--executor", choices=EXECUTORS, default="one-stream")
+    parser.add_argument("--batch", type=int, default=8, help="batch of the NMT steps")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.steps_of.split(",") if name.strip()]
     if not names or not set(names) <= set(STEPS):
         parser.error(f"--steps-of must name some of {list(STEPS)}, got {args.steps_of!r}")
-    if min(args.runs, args.steps) < 1:
-        parser.error("--runs and --steps must be positive")
+    if min(args.runs, args.steps, args.batch) < 1:
+        parser.error("--runs, --steps and --batch must be positive")
     # Children unpickle functions by module name: use the importable name, not __main__.
     from models.nmt import loop_peaks
 
-    print(f"{args.executor}, {_DEVICE_MB} MB emulated device, {args.steps} steps per process after a warm-up")
+    print(f"{args.executor}, {_DEVICE_MB} MB emulated device, {args.steps} steps per process after a warm-up, "
+          f"NMT batch {args.batch}")
     print("| step | loops | run | lowest MB | median MB | highest MB | predicted MB | median step ms |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
         for loops in LOOP_SETTINGS:
             for run in range(1, args.runs + 1):
-                result = run_with_budget(loop_peaks.peaks, name, loops, args.steps, budget_mb=_DEVICE_MB,
+                result = run_with_budget(loop_peaks.peaks, name, loops, args.steps, args.batch, budget_mb=_DEVICE_MB,
                                          one_stream=args.executor == "one-stream")
                 print(format_row(name, loops, run, result.value) if result.ok else
                       f"| {name} | {loops} | {run} | {result.verdict}: {result.message.strip()[-200:]} |||||", flush=True)

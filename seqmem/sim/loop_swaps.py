@@ -23,7 +23,8 @@ SERIALIZED_ELEMENT_BYTES = 256  # the BFC allocator's smallest chunk, holding on
 
 
 def iterations(graph: Graph, swap: LoopSwap) -> int:
-    """Elements the full list holds: its bytes over one element's."""
+    """Elements the full list holds: its bytes over one element's (0 for a list of another list's elements,
+    which holds no bytes of its own)."""
     return graph.tensor(swap.tensor).size_bytes // swap.element_bytes
 
 
@@ -32,7 +33,8 @@ def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Seque
     """`graph` with each swapped list sized as its host buffers' device handles, and `scratch_bytes` with
     each loop charged `depth` iterations' elements of its swapped lists.
     Raises ValueError for a swap whose list or element size is unknown."""
-    unsized = [swap.accumulator for swap in swaps if not swap.element_bytes or not graph.tensor(swap.tensor).size_bytes]
+    unsized = [swap.accumulator for swap in swaps
+               if not swap.element_bytes or graph.tensor(swap.tensor).size_bytes is None]
     if unsized:
         raise ValueError(f"loop accumulators of unknown size cannot be planned: {unsized}")
     resized: dict[str, dict[int, int]] = {}

@@ -237,7 +237,7 @@ def test_benchmark_bad_flags(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--steps-of", "gru"], ["--steps-of", ""], ["--runs", "0"], ["--steps", "0"],
-                                  ["--executor", "gpu"]])
+                                  ["--executor", "gpu"], ["--batch", "0"]])
 def test_loop_peaks_bad_flags(argv, capsys):
     from models.nmt import loop_peaks
 
