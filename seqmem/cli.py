@@ -5,7 +5,8 @@ arena, see `seqmem.device`) in a fresh process per budget; MODEL is a saved,
 compiled Keras model (`model.save("m.keras")` after `model.compile(...)`) or a
 built-in example, `example:mlp`, `example:cnn`, `example:resnet`, `example:lstm`.
 
-  seqmem profile MODEL --batch 64                     predicted vs measured peak, memory curve (--png)
+  seqmem profile MODEL --batch 64                     predicted vs measured peak, memory curve (--png),
+                                                      what is live at each peak (--at-peak N)
   seqmem plan MODEL --batch 256 --budget-mb 200       the plan that fits the budget (--json, --png; --kinds,
                                                       --compression), and with --largest-batch B_base vs B_opt
   seqmem accuracy                                     the simulator's accuracy on the built-in examples
@@ -90,7 +91,8 @@ def _profile(args: argparse.Namespace) -> int:
     from seqmem.runtime.device import run_with_budget
 
     with _Stage(f"profiling {args.model} at batch {args.batch} on an emulated {args.device_mb} MB device"):
-        run = run_with_budget(cli_jobs.profile_step, args.model, args.batch, args.png, budget_mb=args.device_mb)
+        run = run_with_budget(cli_jobs.profile_step, args.model, args.batch, args.png, args.at_peak,
+                              budget_mb=args.device_mb)
     if not run.ok:
         return _fail(run, "profiling")
     print(run.value)
@@ -197,6 +199,9 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("--batch", type=_positive_int, required=True)
     profile.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device to measure on (MiB)")
     profile.add_argument("--png", help="write the predicted memory curve here")
+    profile.add_argument("--at-peak", type=_positive_int, default=0, metavar="N",
+                         help="list the N largest buffers live at the predicted peak and, from the allocator's "
+                              "trace of one step, at the measured peak")
     profile.set_defaults(run=_profile)
     plan = commands.add_parser("plan", help="the swap plan that fits a budget, trained two steps on it")
     plan.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")

@@ -30,15 +30,35 @@ def model_step(batch: int, source: str) -> tuple[Any, Any, Any]:
     return saved_model_step(batch, source)
 
 
-def profile_step(source: str, batch: int, png_path: Optional[str]) -> str:
-    """Profile the step of `source` at `batch` (predicted and measured peak); returns the summary."""
+def profile_step(source: str, batch: int, png_path: Optional[str], at_peak: int = 0) -> str:
+    """Profile the step of `source` at `batch` (predicted and measured peak); returns the summary, with the
+    `at_peak` largest buffers live at the predicted peak and, from the allocator's trace of one more step
+    (variables restored), at the measured one."""
     from seqmem.runtime.profile import profile
 
-    step, inputs, _ = model_step(batch, source)
+    step, inputs, specs = model_step(batch, source)
     result = profile(step, *inputs)
     if png_path:
         result.plot(png_path, title=f"batch {batch}: predicted live memory over one step")
-    return result.summary()
+    if not at_peak:
+        return result.summary()
+    from seqmem.edge.allocation_trace import AllocationTrace, trace_allocations
+    from seqmem.runtime.measure import captured_variables, variables_restored
+    from seqmem.units import MIB
+
+    with variables_restored(captured_variables(step.get_concrete_function(*specs))):
+        trace = trace_allocations(step, inputs)
+    busiest = result.memory.busiest()
+    lines = [result.summary(), f"live at the predicted peak, largest {at_peak} of {len(busiest.live_at_peak)}:"]
+    lines += [f"  {size / MIB:8.2f} MB  {tensor}" for tensor, size in busiest.live_at_peak[:at_peak]]
+    peak = trace.events[trace.peak_index]
+    live = trace.live_after(trace.peak_index)
+    lines.append(f"live at the measured peak of one traced step ({peak.in_use_bytes / MIB:.1f} MB in use, "
+                 f"{trace.in_use_before_bytes / MIB:.1f} MB before the step), allocated by the step, largest {at_peak} "
+                 f"ops of {len(live)} chunks:")
+    lines += [f"  {size / MIB:8.2f} MB  {count:5d} chunks  {op or '(unnamed)'}"
+              for op, size, count in AllocationTrace.bytes_by_op(live)[:at_peak]]
+    return "\n".join(lines)
 
 
 def plan_step(source: str, batch: int, budget_mb: float, json_path: Optional[str], png_path: Optional[str],

@@ -16,6 +16,7 @@ from seqmem.swap.plan import SwapPlan
     ["profile", "example:nope", "--batch", "1"],
     ["profile", "model.h5", "--batch", "1"],
     ["profile", "missing.keras", "--batch", "1"],
+    ["profile", "example:mlp", "--batch", "1", "--at-peak", "0"],
     ["plan", "example:mlp", "--batch", "0", "--budget-mb", "5"],
     ["plan", "example:mlp", "--batch", "2"],
     ["plan", "example:mlp", "--batch", "2", "--budget-mb", "5", "--safety-margin", "1.5"],
@@ -62,9 +63,14 @@ def test_profile_and_plan_a_saved_keras_model(tmp_path, capsys):
     # this MLP at batch 2048 predicts 148 MB as it is; pinned, with Keras' gradient barrier split, 120.2 MB before
     # any swap (2026-11-25), so a plan for 130 MB with a 10% margin must swap
     model = _saved_mlp(tmp_path / "mlp.keras")
-    assert main(["profile", model, "--batch", "2048", "--png", str(tmp_path / "curve.png")]) == 0
+    assert main(["profile", model, "--batch", "2048", "--png", str(tmp_path / "curve.png"), "--at-peak", "3"]) == 0
     printed = capsys.readouterr().out
     assert "predicted peak" in printed and "measured peak" in printed
+    # the three largest buffers at each peak; at the measured one, the ops that allocated them (8 MB each:
+    # [2048, 1024] float32 activations and their gradients)
+    assert "live at the predicted peak, largest 3" in printed and "live at the measured peak" in printed
+    measured_rows = printed.split("live at the measured peak")[1].splitlines()[1:4]
+    assert len(measured_rows) == 3 and all(float(row.split()[0]) >= 8.0 for row in measured_rows), measured_rows
     plan_json = tmp_path / "plan.json"
     assert main(["plan", model, "--batch", "2048", "--budget-mb", "130", "--safety-margin", "0.1",
                  "--kinds", "swap,recompute", "--host-memory-mb", "4096", "--json", str(plan_json), "--png", str(tmp_path / "plan.png")]) == 0
