@@ -15,16 +15,14 @@ the allocator handed out (its rounding and padding included), as
 
 from __future__ import annotations
 
-import glob
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from seqmem.edge.op_trace import profiled_space
 
 __all__ = ["AllocatorEvent", "AllocationTrace", "trace_allocations"]
 
@@ -91,19 +89,7 @@ def trace_allocations(step: Callable[..., Any], args: Sequence[Any]) -> Allocati
     """Run `step(*args)` once (a warm-up, which also instantiates its functions), then once under the
     profiler, and return the allocator's events of that second call. The caller is responsible for any
     state `step` changes (variables). Raises RuntimeError when the profiler wrote no trace."""
-    step(*args)
-    with tempfile.TemporaryDirectory(prefix="seqmem-allocations-") as logdir:
-        tf.profiler.experimental.start(logdir)
-        try:
-            step(*args)
-        finally:
-            tf.profiler.experimental.stop()
-        paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        if not paths:
-            raise RuntimeError(f"the TensorFlow profiler wrote no trace under {logdir}")
-        space = xplane_pb2.XSpace()
-        with open(max(paths, key=os.path.getmtime), "rb") as trace:
-            space.ParseFromString(trace.read())
+    space = profiled_space(step, args)
     return AllocationTrace(tuple(event for _, event in sorted(_events(space), key=lambda item: item[0])))
 
 

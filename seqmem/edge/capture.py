@@ -24,7 +24,6 @@ Sizes (`TensorInfo`, `Node`):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -104,12 +103,10 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
     nodes = []
     for node_def in graph_def.node:
         op = tf_graph.get_operation_by_name(node_def.name)
-        node = _node(node_def, op, sizer, variable_bytes.get(node_def.name, 0), shapes)
-        if node.name in passed:
-            node = dataclasses.replace(node, outputs=tuple(
-                dataclasses.replace(info, passes_input=passed[node.name].get(index))
-                for index, info in enumerate(node.outputs)))
-        nodes.append(dataclasses.replace(node, constant_bytes=constant_bytes.get(node.name, 0)))
+        outputs = tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape), passed.get(op.name, {}).get(index))
+                        for index, t in enumerate(op.outputs))
+        nodes.append(_node(node_def, op, outputs, variable_bytes.get(node_def.name, 0),
+                           constant_bytes.get(node_def.name, 0)))
     return Graph(
         nodes,
         outputs=[TensorRef.parse(name) for name in output_names],
@@ -143,8 +140,8 @@ def _input_name(ref: TensorRef) -> str:
     return ref.node if ref.index == 0 else str(ref)
 
 
-def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSizer", resource_bytes: int,
-          shapes: dict[str, tf.TensorShape]) -> Node:
+def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[TensorInfo, ...], resource_bytes: int,
+          constant_bytes: int) -> Node:
     inputs, control_inputs = [], []
     for name in node_def.input:
         if name.startswith("^"):
@@ -163,27 +160,30 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, sizer: "_VariantSize
         op=node_def.op,
         inputs=tuple(inputs),
         control_inputs=tuple(control_inputs),
-        outputs=tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape)) for t in op.outputs),
+        outputs=outputs,
         device=node_def.device,
         attrs=dict(node_def.attr),
         extras=extras,
         resource_bytes=resource_bytes,
+        constant_bytes=constant_bytes,
     )
 
 
-def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.TensorShape) -> TensorInfo:
+def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.TensorShape,
+                 passes_input: int | None) -> TensorInfo:
     dtype = tensor.dtype.base_dtype
     shape = None if static_shape.rank is None else tuple(static_shape.as_list())
     if dtype == tf.resource:
         size = 0
     elif dtype == tf.variant:
         size, element_bytes = sizer.size(tensor) or (None, None)
-        return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, element_bytes=element_bytes)
+        return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, element_bytes=element_bytes,
+                          passes_input=passes_input)
     elif shape is None or None in shape or dtype == tf.string:
         size = None
     else:
         size = math.prod(shape) * dtype.size
-    return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size)
+    return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, passes_input=passes_input)
 
 
 def _bytes(dtype: tf.DType, shape) -> int | None:

@@ -17,15 +17,13 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-__all__ = ["trace_op_times"]
+__all__ = ["profiled_space", "trace_op_times"]
 
 
-def trace_op_times(step: Callable[..., Any], args: Sequence[Any], runs: int = 2) -> dict[str, float]:
-    """Mean seconds per run of every op `step(*args)` executes, keyed by node name.
-
-    Runs `step` once untraced (warm-up), then `runs` times under the profiler.
-    The caller is responsible for any state `step` changes (variables).
-    """
+def profiled_space(step: Callable[..., Any], args: Sequence[Any], runs: int = 1) -> xplane_pb2.XSpace:
+    """The profiler's record of `runs` calls of `step(*args)`, after one untraced call (a warm-up, which also
+    instantiates its functions). The caller is responsible for any state `step` changes (variables).
+    Raises ValueError for runs < 1, RuntimeError when the profiler wrote no trace."""
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
     step(*args)
@@ -42,6 +40,16 @@ def trace_op_times(step: Callable[..., Any], args: Sequence[Any], runs: int = 2)
         space = xplane_pb2.XSpace()
         with open(max(paths, key=os.path.getmtime), "rb") as trace:
             space.ParseFromString(trace.read())
+    return space
+
+
+def trace_op_times(step: Callable[..., Any], args: Sequence[Any], runs: int = 2) -> dict[str, float]:
+    """Mean seconds per run of every op `step(*args)` executes, keyed by node name.
+
+    Runs `step` once untraced (warm-up), then `runs` times under the profiler (`profiled_space`).
+    The caller is responsible for any state `step` changes (variables).
+    """
+    space = profiled_space(step, args, runs)
     total_ps: dict[str, int] = defaultdict(int)
     for plane in space.planes:
         if not plane.name.startswith("/host:"):

@@ -42,6 +42,7 @@ class ExactAllocator:
         self._ids = itertools.count()
 
     def allocate(self, size_bytes: int, pieces: int = 1) -> int:
+        """Count `size_bytes` (in however many `pieces`); returns a handle for `free`."""
         handle = next(self._ids)
         self._sizes[handle] = size_bytes
         self.in_use_bytes += size_bytes

@@ -12,10 +12,10 @@ Model (that of TensorFlow's executor with a BFC allocator):
   last (an input the same size as the output of its index: freed as the loop
   starts); its lists, which it fills or empties, stay. Its loop invariants,
   and what a called function returns unchanged, share the input's buffer
-  (`TensorInfo.passes_input`). One iteration's body
-  is charged as the loop's scratch (`seqmem.edge.bodies`). A list's
-  elements are buffers of their own (`TensorInfo.element_bytes`): the
-  allocator model places each one.
+  (`TensorInfo.passes_input`). One iteration's body is charged as the loop's
+  scratch, and a function call's body as the call's (`seqmem.edge.bodies`).
+  A list's elements are buffers of their own (`TensorInfo.element_bytes`):
+  the allocator model places each one.
 - Parameters, constants, inputs, variables behind resource handles and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
   counted once, for the whole step.
