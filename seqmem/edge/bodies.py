@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
@@ -53,26 +53,22 @@ def body_bytes(graph_def: graph_pb2.GraphDef) -> dict[str, int]:
         if (function, loop) not in measured:
             measured[function, loop] = 0  # a body that (indirectly) runs itself is counted once
             body = bodies.get(function)
-            nested = charged((op.name, op.type, lambda key, op=op: op.get_attr(key).name)
-                             for op in body.get_operations())
+            nested = charged(op.node_def for op in body.get_operations())
             graph = capture.from_tf(body)
             returned = [TensorRef.parse(t.name) for t in body.outputs]
             measured[function, loop] = (_iteration_bytes(graph, nested) if loop
                                         else _call_bytes(graph, nested, returned))
         return measured[function, loop]
 
-    def charged(nodes: Iterable) -> dict[str, int]:
+    def charged(nodes: Iterable[node_def_pb2.NodeDef]) -> dict[str, int]:
         result = {}
-        for name, op, function_of in nodes:
-            key = "body" if op in FUNCTIONAL_LOOP_OPS else "f" if op in FUNCTION_CALL_OPS else None
-            if key is not None and function_of(key) in bodies:
-                result[name] = held(function_of(key), key == "body")
+        for node in nodes:
+            key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
+            if key is not None and node.attr[key].func.name in bodies:
+                result[node.name] = held(node.attr[key].func.name, key == "body")
         return result
 
-    def attr_function(node):
-        return lambda key: node.attr[key].func.name
-
-    return charged((node.name, node.op, attr_function(node)) for node in graph_def.node)
+    return charged(graph_def.node)
 
 
 def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
