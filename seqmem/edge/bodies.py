@@ -12,12 +12,13 @@ in topological order with exact tensor sizes, and returns its peak beyond what
 the node is charged anyway, charged to the node as scratch:
 
     loop: peak live bytes of one iteration's own tensors + bytes of its constants
-    call: peak live bytes of the body's own tensors
+    call: peak live bytes of the body's own tensors - bytes of what it returns
 
 Leaving out the body's arguments (the node's inputs); for a loop, elements it
-reads from or writes to a list (the list's buffers); for a call, what it returns
-(the node's outputs) and its constants (held across steps:
-`seqmem.edge.folded_constants`). Loops and calls nested in a body are charged
+reads from or writes to a list (the list's buffers); for a call, its constants
+(held across steps: `seqmem.edge.folded_constants`). What a call returns (the
+node's outputs) is live for the whole call in the simulator, so its body is
+charged only what its peak holds beyond them (at least 0). Loops and calls nested in a body are charged
 the same way inside it, recursively. One iteration is charged, as `optimize`
 runs loops (one iteration at a time); a loop left to run iterations in
 parallel may hold more.
@@ -33,7 +34,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, is_persistent_op
 from seqmem.sim.simulator import simulate
 
 __all__ = ["body_bytes"]
@@ -82,14 +83,18 @@ def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
 
 
 def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) -> int:
-    """Peak live bytes of a called function's own tensors but the buffers it returns (`nested` bytes charged
-    to its loops and calls)."""
+    """Peak live bytes of a called function's own tensors, less the buffers it returns (the call's outputs,
+    which the simulator holds for the whole call), at least 0 (`nested` bytes charged to its loops and
+    calls)."""
     owners = set()
     for ref in returned:
         while ref is not None and ref not in owners:
             owners.add(ref)
             ref = view_source(body.node(ref.node), ref.index)
-    return _peak_without(body, owners, nested)
+    returned_bytes = sum(body.tensor(ref).size_bytes or 0 for ref in owners
+                         if view_source(body.node(ref.node), ref.index) is None
+                         and not is_persistent_op(body.node(ref.node).op))
+    return max(0, _peak_without(body, set(), nested) - returned_bytes)
 
 
 def _peak_without(body: Graph, left_out: set[TensorRef], nested: dict[str, int]) -> int:

@@ -17,6 +17,8 @@ Sizes (`TensorInfo`, `Node`):
   function calls; each element is a buffer of its own (`element_bytes`);
 - an output that a called function or a loop returns unchanged shares its
   input's buffer (`passes_input`, `seqmem.edge.passthrough`);
+- a read of a variable in copy-on-read mode owns a copy (`copies_input`,
+  `seqmem.edge.copy_on_read`);
 - the constants a called function holds once instantiated are booked on the
   call node (`constant_bytes`, `seqmem.edge.folded_constants`);
 - other unknowns are None.
@@ -33,6 +35,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
 
+from seqmem.edge.copy_on_read import copying_reads
 from seqmem.edge.folded_constants import call_constant_bytes
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.passthrough import passed_through_inputs
@@ -52,6 +55,8 @@ _LIST_PASSTHROUGH_OPS = frozenset({
     "TensorListSetItem",
 })
 _MAX_VARIANT_DEPTH = 64
+# what a loop may push to a list without a buffer of its own: another list's element, a variable's value
+_SHARED_ELEMENT_OPS = frozenset({"TensorListGetItem", "ReadVariableOp"})
 
 
 def concrete_function(target: Any, input_specs: Sequence[Any] = ()) -> ConcreteFunction:
@@ -99,11 +104,13 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
     sizer = _VariantSizer(bodies)
     constant_bytes = call_constant_bytes(tf_graph, bodies)
     passed = passed_through_inputs(tf_graph, bodies)
+    copying = copying_reads(tf_graph, bodies)
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
     nodes = []
     for node_def in graph_def.node:
         op = tf_graph.get_operation_by_name(node_def.name)
-        outputs = tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape), passed.get(op.name, {}).get(index))
+        outputs = tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape), passed.get(op.name, {}).get(index),
+                                     op.name in copying)
                         for index, t in enumerate(op.outputs))
         nodes.append(_node(node_def, op, outputs, variable_bytes.get(node_def.name, 0),
                            constant_bytes.get(node_def.name, 0)))
@@ -170,7 +177,7 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[Tenso
 
 
 def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.TensorShape,
-                 passes_input: int | None) -> TensorInfo:
+                 passes_input: int | None, copies_input: bool = False) -> TensorInfo:
     dtype = tensor.dtype.base_dtype
     shape = None if static_shape.rank is None else tuple(static_shape.as_list())
     if dtype == tf.resource:
@@ -183,7 +190,8 @@ def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.Ten
         size = None
     else:
         size = math.prod(shape) * dtype.size
-    return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, passes_input=passes_input)
+    return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, passes_input=passes_input,
+                      copies_input=copies_input)
 
 
 def _bytes(dtype: tf.DType, shape) -> int | None:
@@ -245,10 +253,9 @@ class _VariantSizer:
             popped, written = self._list_uses(op, index)
             if popped:
                 return 0, None  # a gradient loop consuming saved activations: the list leaves it empty
-            if written and all(value.op.type == "TensorListGetItem" for value in written):
-                return 0, None  # elements read from another list, not copied: that list holds their buffers
-            trip_count = 1 if written and all(v.op.type == "ReadVariableOp" for v in written) else self._trip_count(op)
-            return self._size(op.inputs[index], callers, trip_count, depth + 1, filled=True,
+            if written and all(value.op.type in _SHARED_ELEMENT_OPS for value in written):
+                return 0, None  # elements that share another buffer: a list's elements, a variable's value
+            return self._size(op.inputs[index], callers, self._trip_count(op), depth + 1, filled=True,
                               written=_common_shape(value.shape for value in written))
         if op.type in FUNCTION_CALL_OPS:
             body = self._bodies.get(op.get_attr("f").name)
@@ -270,9 +277,9 @@ class _VariantSizer:
         writes to it (TensorListPushBack, TensorListSetItem: a TensorArray's write).
 
         A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
-        empties it; one that pushes a variable's value each iteration (ReadVariableOp) holds one
-        buffer, shared by every element; one that pushes elements of another list (TensorListGetItem, a
-        Keras RNN saving its inputs) holds none of its own.
+        empties it; one that pushes a variable's value each iteration (ReadVariableOp: the variable's
+        buffer) or elements of another list (TensorListGetItem, a Keras RNN saving its inputs) holds no
+        buffer of its own.
         """
         body = self._bodies.get(loop.get_attr("body").name)
         if body is None or index >= len(body.inputs):

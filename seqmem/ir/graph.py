@@ -56,6 +56,9 @@ class TensorInfo:
     passes_input: the index of the node's input that this output is, returned
     unchanged by a called function or a loop (`seqmem.edge.passthrough`): the
     two share one buffer. None otherwise.
+    copies_input: the output of an op that usually shares its input's buffer is
+    a copy, a buffer of its own (a read of a variable in copy-on-read mode,
+    `seqmem.edge.copy_on_read`).
     """
 
     dtype: str
@@ -63,6 +66,7 @@ class TensorInfo:
     size_bytes: int | None
     element_bytes: int | None = None
     passes_input: int | None = None
+    copies_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,10 +293,10 @@ class Graph:
 
 def view_source(node: Node, index: int) -> TensorRef | None:
     """The input whose buffer output `index` of `node` shares, or None if it owns its buffer."""
-    passed = node.outputs[index].passes_input if index < len(node.outputs) else None
-    if passed is not None:
-        return node.inputs[passed]
-    if node.op not in VIEW_OPS or not node.inputs:
+    info = node.outputs[index] if index < len(node.outputs) else None
+    if info is not None and info.passes_input is not None:
+        return node.inputs[info.passes_input]
+    if node.op not in VIEW_OPS or not node.inputs or (info is not None and info.copies_input):
         return None
     if node.op == "IdentityN":
         return node.inputs[index] if index < len(node.inputs) else None

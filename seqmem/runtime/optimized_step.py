@@ -19,6 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
@@ -151,7 +152,7 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     if plan.loop_swaps:
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:
-        graph_def = bound_loops(graph_def, plan.loop_parallel_iterations)
+        graph_def = gate_loops(bound_loops(graph_def, plan.loop_parallel_iterations))
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 

@@ -62,3 +62,20 @@ def test_a_calls_intermediates_count_and_what_it_returns_does_not():
     assert "Call" in graph_def.node[[n.name for n in graph_def.node].index(call)].op
     # the tiled copy; the sum (256 KiB) is returned, the call's output, and h is its argument
     assert 0 <= held - 4 * _MIB < 1024
+
+
+def test_a_call_is_charged_its_peak_less_what_it_returns_which_the_call_holds_throughout():
+    @tf.function(autograph=False)
+    def inner(h):
+        total = tf.reduce_sum(tf.tile(h, [1, 16]))  # a 4 MiB intermediate, freed once summed
+        return tf.tile(h * total, [1, 16])  # then a 4 MiB result: the call's output
+
+    @tf.function(autograph=False)
+    def step(h):
+        return inner(h)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
+    (_, held), = body_bytes(graph_def).items()
+    # peak 4 MiB + 256 KiB (the product, tiled into the result) less the 4 MiB returned; the call's output
+    # (4 MiB) is live for the whole call, so the body's 4 MiB intermediate is not counted beside it
+    assert 0 <= held - (256 << 10) < 1024

@@ -85,6 +85,42 @@ def test_lstm_accumulators_are_sized_through_loops_and_calls():
     assert all(info.element_bytes == 2 * 8 * 4 for info in lists if info.size_bytes == 7 * 2 * 8 * 4)
 
 
+def _loop_step():
+    """A differentiated tf.while_loop whose body reads a weight (ReadVariableOp), beside an embedding that is
+    gathered (ResourceGather) and read whole; its graph."""
+    weight = tf.Variable(tf.ones([64, 64]))
+    embedding = tf.Variable(tf.ones([10, 64]))
+
+    @tf.function(autograph=False)
+    def step(h):
+        with tf.GradientTape() as tape:
+            start = h @ weight + tf.reduce_sum(tf.gather(embedding, [1, 2])) + tf.reduce_sum(embedding)
+            final = tf.while_loop(lambda i, x: i < 5, lambda i, x: (i + 1, tf.tanh(x @ weight)),
+                                  (tf.constant(0), start))[1]
+            loss = tf.reduce_sum(final)
+        return tape.gradient(loss, [weight, embedding])
+
+    return capture.from_tf(step, [tf.TensorSpec([8, 64], tf.float32)])
+
+
+def test_a_loop_list_of_a_variables_value_holds_no_buffer_of_its_own():
+    graph = _loop_step()
+    loop = next(node for node in graph.nodes.values() if node.op in ("While", "StatelessWhile"))
+    lists = [info for info in loop.outputs if info.dtype == "variant"]
+    # what the gradient needs of every iteration: x and the tanh ([8, 64] float32, 5 iterations, a buffer
+    # each) and the weight's value, which every element shares with the variable
+    assert sorted(info.size_bytes for info in lists) == [0, 5 * 8 * 64 * 4, 5 * 8 * 64 * 4]
+
+
+def test_reads_of_a_variable_a_sparse_op_touches_are_copies():
+    graph = _loop_step()
+    reads = {name: node.outputs[0].copies_input for name, node in graph.nodes.items() if node.op == "ReadVariableOp"}
+    gathered = {node.inputs[0] for node in graph.nodes.values() if node.op == "ResourceGather"}
+    assert gathered and any(reads.values()) and not all(reads.values())
+    for name, copies in reads.items():
+        assert copies == (graph.node(name).inputs[0] in gathered), name
+
+
 def test_unsupported_target_is_a_type_error():
     with pytest.raises(TypeError, match="tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"):
         capture.from_tf(np.zeros(3))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from seqmem.errors import InfeasibleBudgetError
 from seqmem.runtime.device import run_with_budget
 from seqmem.runtime.optimize import optimize
 from seqmem.units import MIB
@@ -84,23 +85,23 @@ def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
 
 
 def _recurrent_layers(name):
-    """(layers, forward loops they run, a budget as a fraction of the step's peak that needs them all swapped)."""
+    """(layers, forward loops they run)."""
     from seqmem.recurrent import MemoryEfficientLSTM
 
     if name == "memory-efficient LSTM x2":  # top-level loops
-        return [MemoryEfficientLSTM(64, return_sequences=True) for _ in range(2)], 2, 0.8
+        return [MemoryEfficientLSTM(64, return_sequences=True) for _ in range(2)], 2
     if name == "Keras LSTM x2":  # loops inside Keras' functions, as are the GRU's and the bidirectional's
-        return [tf.keras.layers.LSTM(64, return_sequences=True) for _ in range(2)], 2, 0.7
+        return [tf.keras.layers.LSTM(64, return_sequences=True) for _ in range(2)], 2
     if name == "Keras GRU":
-        return [tf.keras.layers.GRU(64, return_sequences=True)], 1, 0.7
-    return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2, 0.6
+        return [tf.keras.layers.GRU(64, return_sequences=True)], 1
+    return [tf.keras.layers.Bidirectional(tf.keras.layers.LSTM(64, return_sequences=True))], 2
 
 
 @pytest.mark.parametrize("layers", ["memory-efficient LSTM x2", "Keras LSTM x2", "Keras GRU", "bidirectional LSTM"])
 def test_recurrent_layers_loops_are_swapped_and_train_bit_identically(layers):
     tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(0)
-    recurrent, loops, fraction = _recurrent_layers(layers)
+    recurrent, loops = _recurrent_layers(layers)
     model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32), *recurrent, tf.keras.layers.Dense(50)])
     optimizer = tf.keras.optimizers.SGD(0.1)
     tokens = tf.random.stateless_uniform([16, 40], seed=[1, 2], maxval=50, dtype=tf.int32)
@@ -115,8 +116,10 @@ def test_recurrent_layers_loops_are_swapped_and_train_bit_identically(layers):
         return loss
 
     specs = [tf.TensorSpec(tokens.shape, tokens.dtype)]
-    before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
-    optimized = optimize(step, fraction * before / MIB, input_signature=specs, safety_margin=0.0, calibrate=False)
+    with pytest.raises(InfeasibleBudgetError) as infeasible:  # the smallest peak: every loop swapped
+        optimize(step, 0.1, input_signature=specs, safety_margin=0.0, calibrate=False)
+    budget_mb = 1.02 * infeasible.value.smallest_peak_bytes / MIB
+    optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=0.0, calibrate=False)
     assert len({swap.forward_loop for swap in optimized.plan.loop_swaps}) == loops  # every loop
     start = [v.numpy() for v in model.variables]
     results = []

@@ -18,6 +18,18 @@ def test_pinned_nodes_wait_for_the_one_before_and_inline_ops_stay_free():
     assert pinned.node("view").control_inputs == ()
 
 
+def test_a_variable_read_that_copies_is_pinned_and_one_that_shares_stays_free():
+    from seqmem.ir.graph import TensorInfo
+
+    copy = TensorInfo("float32", (4, 4), 64, copies_input=True)
+    g = graph(node("v", "VarHandleOp", outputs=(0,)), node("x", "Placeholder"), node("a", "MatMul", ["x"]),
+              node("read", "ReadVariableOp", ["v"]), node("copy", "ReadVariableOp", ["v"], outputs=(copy,)),
+              node("b", "MatMul", ["a", "read", "copy"]))
+    pinned = pin(g, ["v", "x", "a", "read", "copy", "b"])
+    # left free, the copying read would run at the start and hold its copy through a
+    assert pinned.node("copy").control_inputs == ("a",) and pinned.node("read").control_inputs == ()
+
+
 def test_a_pair_ordered_by_a_data_edge_gets_no_control_edge():
     g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]), node("b", "MatMul", ["a"]))
     assert pin(g, ["x", "a", "b"]).node("b").control_inputs == ()
