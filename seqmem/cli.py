@@ -21,7 +21,7 @@ import sys
 import time
 
 from seqmem.examples import EXAMPLE_NAMES
-from seqmem.swap.plan import KINDS, ConservationOptions
+from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, KINDS, ConservationOptions
 from seqmem.units import MIB
 
 __all__ = ["main"]
@@ -207,7 +207,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")
     plan.add_argument("--batch", type=_positive_int, required=True)
     plan.add_argument("--budget-mb", type=_positive_int, required=True, help="the budget, and the emulated device (MiB)")
-    plan.add_argument("--safety-margin", type=float, default=0.2, help="plan this fraction below the budget")
+    plan.add_argument("--safety-margin", type=float, default=DEFAULT_SAFETY_MARGIN,
+                      help="plan this fraction below the budget")
     plan.add_argument("--json", help="write the plan as JSON here")
     plan.add_argument("--png", help="write the predicted memory curves, before and after, here")
     plan.add_argument("--largest-batch", action="store_true",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from seqmem.swap.plan import ConservationOptions
+from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions
 
 __all__ = ["example_step", "model_step", "plan_step", "profile_step"]
 
@@ -62,7 +62,7 @@ def profile_step(source: str, batch: int, png_path: Optional[str], at_peak: int 
 
 
 def plan_step(source: str, batch: int, budget_mb: float, json_path: Optional[str], png_path: Optional[str],
-              safety_margin: float = 0.2, options: Optional[ConservationOptions] = None,
+              safety_margin: float = DEFAULT_SAFETY_MARGIN, options: Optional[ConservationOptions] = None,
               host_memory_mb: Optional[float] = None) -> tuple[int, str]:
     """Optimize the step of `source` at `batch` for `budget_mb` MiB (calibrated on this device; conserving
     tensors as `options` allow, default: swap; swaps within `host_memory_mb` MiB, see `optimize`) and train

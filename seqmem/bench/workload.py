@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN
 from seqmem.units import MIB
 
 __all__ = ["Runnable", "Workload", "measure", "measure_smallest", "predicted_batch", "runnable", "trains"]
@@ -34,7 +35,7 @@ class Workload:
     options: tuple[tuple[str, Any], ...]
     optimized: bool
     budget_mb: int
-    safety_margin: float = 0.2
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
     kinds: tuple[str, ...] = ("swap",)
     compression: Optional[str] = None
     host_memory_mb: Optional[float] = None

@@ -29,7 +29,7 @@ from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
 from seqmem.swap.barriers import gradient_barriers
-from seqmem.swap.plan import ConservationOptions, SwapPlan
+from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import SwapBackend
 from seqmem.units import MIB
 
@@ -54,7 +54,7 @@ def optimize(
     min_slack_s: float = 0.0,
     max_decisions: Optional[int] = None,
     host_memory_mb: Optional[float] = None,
-    safety_margin: float = 0.2,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
     calibrate: bool = True,
     sample_inputs: Any = None,
     pin_order: bool = True,

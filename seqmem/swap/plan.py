@@ -17,8 +17,13 @@ from dataclasses import asdict, dataclass, field
 from seqmem.ir.graph import TensorRef
 from seqmem.units import MIB
 
-__all__ = ["COMPRESSED_DTYPES", "ConservationOptions", "KINDS", "LoopSwap", "SkippedCandidate", "SwapDecision",
-           "SwapPlan"]
+__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "ConservationOptions", "KINDS", "LoopSwap",
+           "SkippedCandidate", "SwapDecision", "SwapPlan"]
+
+# The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
+# on one stream, pinned, the built-in steps' predictions hold within 4% (docs/results.md), and calibration
+# measures each plan and plans again for less where one does not.
+DEFAULT_SAFETY_MARGIN = 0.05
 
 # How a tensor can be conserved between its forward and backward uses (Janssen et al.'s conservation
 # subgraphs, and recomputation after Checkmate / DTR / Capuchin), lossless kinds first.
