@@ -7,19 +7,25 @@ intermediates (an attention step's [batch, time, units] scores and their
 gradients, for instance) and its constants, which the kernels materialize. A
 called function holds its intermediates while it runs: a Keras LSTM's backward
 function, its transposed gradients and the zeroed lists it makes beside the
-lists it consumes. Per loop and per call, `body_bytes` simulates the body once,
-in topological order with exact tensor sizes, and returns its peak beyond what
-the node is charged anyway, charged to the node as scratch:
+lists it consumes. Per loop and per call, `body_bytes` simulates the body once
+with exact tensor sizes and returns its peak beyond what the node is charged
+anyway, charged to the node as scratch:
 
     loop: peak live bytes of one iteration's own tensors + bytes of its constants
     call: peak live bytes of the body's own tensors - bytes of what it returns
+
+A loop runs one iteration after another (`optimize` bounds it so), each in the
+executor's order, which the simulator follows (`sim.schedule.executor_order`,
+static costs): the NMT step's gradient iteration adds each weight gradient to
+its sum as it comes. A call's nodes run interleaved with the caller's after
+inlining, in no order one body shows: its body runs in topological order.
 
 Leaving out the body's arguments (the node's inputs); for a loop, elements it
 reads from or writes to a list (the list's buffers); for a call, its constants
 (held across steps: `seqmem.edge.folded_constants`). What a call returns (the
 node's outputs) is live for the whole call in the simulator, so its body is
-charged only what its peak holds beyond them (at least 0). Loops and calls nested in a body are charged
-the same way inside it, recursively. One iteration is charged, as `optimize`
+charged only what its peak holds beyond them (at least 0). Loops and calls
+nested in a body are charged the same way inside it, recursively. One iteration is charged, as `optimize`
 runs loops (one iteration at a time); a loop left to run iterations in
 parallel may hold more.
 """
@@ -31,10 +37,12 @@ from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from seqmem.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, is_persistent_op
+from seqmem.sim.schedule import executor_order
 from seqmem.sim.simulator import simulate
 
 __all__ = ["body_bytes"]
@@ -79,7 +87,7 @@ def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
                     for info in node.outputs)
     listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
     listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
-    return _peak_without(body, listed, nested) + constants
+    return _peak_without(body, listed, nested, executor=True) + constants
 
 
 def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) -> int:
@@ -97,12 +105,14 @@ def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) 
     return max(0, _peak_without(body, set(), nested) - returned_bytes)
 
 
-def _peak_without(body: Graph, left_out: set[TensorRef], nested: dict[str, int]) -> int:
+def _peak_without(body: Graph, left_out: set[TensorRef], nested: dict[str, int], executor: bool = False) -> int:
     """Peak live bytes of `body`'s own tensors (arguments and constants are persistent), `left_out` counted
-    as 0 bytes."""
+    as 0 bytes, run in topological order or, with `executor`, in the executor's (static costs)."""
     nodes = [dataclasses.replace(node, outputs=tuple(
                  dataclasses.replace(info, size_bytes=0) if TensorRef(name, i) in left_out else info
                  for i, info in enumerate(node.outputs)))
              for name, node in body.nodes.items()]
-    timeline = simulate(body.replace(nodes=nodes), body.topological_order(), scratch_bytes=nested).busiest()
+    body = body.replace(nodes=nodes)
+    order = executor_order(body, static_costs(body)) if executor else body.topological_order()
+    timeline = simulate(body, order, scratch_bytes=nested).busiest()
     return timeline.peak_bytes - timeline.persistent_bytes

@@ -79,3 +79,21 @@ def test_a_call_is_charged_its_peak_less_what_it_returns_which_the_call_holds_th
     # peak 4 MiB + 256 KiB (the product, tiled into the result) less the 4 MiB returned; the call's output
     # (4 MiB) is live for the whole call, so the body's 4 MiB intermediate is not counted beside it
     assert 0 <= held - (256 << 10) < 1024
+
+
+def test_an_iteration_runs_in_the_executors_order_each_term_added_to_its_sum_as_it_comes():
+    @tf.function(autograph=False)
+    def step(h):
+        zeros = tf.zeros([256, 4096])
+
+        def body(i, h, a, b, c):  # three [256, 4096] sums (4 MiB each), as a gradient loop sums its weights'
+            wide = tf.tile(h, [1, 16])
+            return i + 1, h, a + tf.sin(wide), b + tf.cos(wide), c + tf.exp(wide)
+
+        return tf.while_loop(lambda i, *_: i < 3, body, (tf.constant(0), h, zeros, zeros, zeros))[2:]
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
+    (_, held), = body_bytes(graph_def).items()
+    # the tiled input and one term at a time (each sum's new value is written into its term); in
+    # topological order all three terms would be live at once, 16 MiB
+    assert 0 <= held - 8 * _MIB < 1024
