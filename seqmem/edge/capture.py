@@ -39,6 +39,7 @@ from seqmem.edge.copy_on_read import copying_reads
 from seqmem.edge.folded_constants import call_constant_bytes
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.passthrough import passed_through_inputs
+from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
@@ -161,7 +162,7 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[Tenso
         if node_def.HasField(key)
     }
     if op.type == "VarHandleOp":
-        resource_bytes = _bytes(op.get_attr("dtype"), op.get_attr("shape")) or 0
+        resource_bytes = static_bytes(op.get_attr("dtype"), op.get_attr("shape")) or 0
     return Node(
         name=node_def.name,
         op=node_def.op,
@@ -194,13 +195,6 @@ def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.Ten
                       copies_input=copies_input)
 
 
-def _bytes(dtype: tf.DType, shape) -> int | None:
-    shape = tf.TensorShape(shape)
-    if not shape.is_fully_defined() or dtype in (tf.string, tf.variant, tf.resource):
-        return None
-    return math.prod(shape.as_list()) * dtype.size
-
-
 def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:
     """Bytes of each captured variable, keyed by the placeholder that holds its handle."""
     captures = getattr(tf_graph, "captures", ())
@@ -209,7 +203,7 @@ def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:
     for external, internal in captures:
         variable = variables.get(id(external))
         if variable is not None:
-            result[internal.op.name] = _bytes(variable.dtype, variable.shape) or 0
+            result[internal.op.name] = static_bytes(variable.dtype, variable.shape) or 0
     return result
 
 
@@ -335,7 +329,7 @@ class _VariantSizer:
             shape = tf.TensorShape([int(d) if d >= 0 else None for d in element_shape])
         if not shape.is_compatible_with(written):
             return None
-        element_bytes = _bytes(op.get_attr("element_dtype"), shape.merge_with(written))
+        element_bytes = static_bytes(op.get_attr("element_dtype"), shape.merge_with(written))
         return None if element_bytes is None else (count * element_bytes, element_bytes)
 
 
@@ -349,7 +343,7 @@ def _common_shape(shapes) -> tf.TensorShape:
 
 def _unstacked_bytes(tensor: tf.Tensor) -> tuple[int, int | None] | None:
     """(bytes, bytes per element) of a list made from `tensor`'s rows (TensorListFromTensor)."""
-    size = _bytes(tensor.dtype, tensor.shape)
+    size = static_bytes(tensor.dtype, tensor.shape)
     if size is None:
         return None
     rows = tensor.shape[0] if tensor.shape.rank else 0

@@ -22,11 +22,10 @@ constants to the loop); so are the step's own nodes, which the simulator sees.
 
 from __future__ import annotations
 
-import math
-
 import tensorflow as tf
 
 from seqmem.edge.library import FunctionBodies
+from seqmem.edge.sizes import static_bytes
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, TF1_CONTROL_FLOW_OPS
 
 __all__ = ["MAX_FOLDED_BYTES", "call_constant_bytes"]
@@ -61,7 +60,7 @@ def _held_bytes(bodies: FunctionBodies, name: str, constant_arguments: frozenset
         if op.type in FUNCTION_CALL_OPS and op.get_attr("f").name in bodies:
             held += _held_bytes(bodies, op.get_attr("f").name, _constant_arguments(op, constant))
         if constant[op] and op not in arguments:
-            held += sum(_bytes(t) or 0 for t in op.outputs
+            held += sum(static_bytes(t.dtype, t.shape) or 0 for t in op.outputs
                         if t.ref() in returned or not all(constant[reader] for reader in t.consumers()))
     return held
 
@@ -84,7 +83,7 @@ def _is_constant(op: tf.Operation, constant: dict) -> bool:
     if op.type in ("Const", "HostConst"):
         return op.outputs[0].dtype != tf.resource
     if op.type in _MATERIALIZED_OPS:  # numbers only: a TensorList's zeros are a list made at run time
-        return op.outputs[0].shape.is_fully_defined() and _bytes(op.outputs[0]) is not None
+        return static_bytes(op.outputs[0].dtype, op.outputs[0].shape) is not None
     if op.type in _SHAPE_OPS:
         return all(t.shape.is_fully_defined() for t in op.inputs)
     if op.type == "Rank":
@@ -93,12 +92,8 @@ def _is_constant(op: tf.Operation, constant: dict) -> bool:
         return False
     if op.type == "Fill" and op.outputs[0].shape.is_fully_defined() and constant.get(op.inputs[1].op, False):
         return True
-    if any((_bytes(t) or 0) > MAX_FOLDED_BYTES for t in op.outputs):
+    if any((static_bytes(t.dtype, t.shape) or 0) > MAX_FOLDED_BYTES for t in op.outputs):
         return False
     return all(constant.get(t.op, False) for t in op.inputs)
 
 
-def _bytes(tensor: tf.Tensor) -> int | None:
-    if not tensor.shape.is_fully_defined() or tensor.dtype in (tf.string, tf.variant, tf.resource):
-        return None
-    return math.prod(tensor.shape.as_list()) * tensor.dtype.size
