@@ -59,9 +59,9 @@ def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = N
 
 
 def pinned_nodes(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
-    """The nodes of `order` that a pinned step chains, in that order: those that allocate, all but
-    `INLINE_OPS` and, of those, the variable reads that copy (`TensorInfo.copies_input`): left free, the
-    executor would run such a read at the start of the step and hold its copy until its reader runs."""
+    """The nodes of `order` that a pinned step chains, in that order: those that allocate, which is all but
+    `INLINE_OPS`, plus the variable reads that copy (`TensorInfo.copies_input`; left free, the executor
+    would run such a read at the start of the step and hold its copy until its reader runs)."""
     return tuple(name for name in order if graph.node(name).op not in INLINE_OPS
                  or any(info.copies_input for info in graph.node(name).outputs))
 
