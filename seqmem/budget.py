@@ -21,8 +21,9 @@ Loops come first: the accumulators a forward while loop fills for its gradient
 loop (one element per iteration) can be swapped element by element inside the
 loops (`seqmem.edge.loop_swap`). The selector takes whole loops, longest-lived
 first, each while it lowers the predicted peak; of the loop that makes the step
-fit, only its largest accumulators, as few as fitting takes (those that save
-one buffer, across iterations too, go together). If the step still does not
+fit, the fewest accumulators that fit, largest first or smallest first,
+whichever swaps fewer bytes (those that save one buffer, across iterations
+too, go together). If the step still does not
 fit, it then swaps feature maps of the step so loop-swapped.
 """
 
@@ -297,8 +298,8 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
 
     Forward loops go longest-lived first, each swapped whole when that lowers the predicted peak and its
     lists fit the host's room, until the step fits `target_bytes`. Of the loop whose swap makes it fit,
-    only its largest lists go, as few as fitting takes (each element swapped costs a serialization and a
-    parse), lists saving one buffer (`LoopSwap.buffer`) together.
+    only the fewest lists that fit go, largest first or smallest first, whichever swaps fewer bytes (each
+    byte swapped costs a serialization and a parse), lists saving one buffer (`LoopSwap.buffer`) together.
     """
     by_loop: dict[str, list[LoopSwap]] = {}
     for swap in analysis.loop_swaps:
@@ -323,20 +324,32 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
         swapped, swapped_baseline = trial(swaps)
         if swapped_baseline.trace.peak_bytes >= current_baseline.trace.peak_bytes:
             continue
-        if swapped_baseline.fits(target_bytes):  # the fewest largest groups that fit (bisection)
-            low, high = 1, len(groups)
-            while low < high:
-                middle = (low + high) // 2
-                part = [swap for group in groups[:middle] for swap in group]
-                part_analysis, part_baseline = trial(part)
-                if part_baseline.fits(target_bytes):
-                    high, swaps, swapped, swapped_baseline = middle, part, part_analysis, part_baseline
-                else:
-                    low = middle + 1
+        if swapped_baseline.fits(target_bytes):  # of the two orders' fewest groups that fit, fewer bytes
+            fitting = [_fewest_fitting(order, trial, target_bytes, (swaps, swapped, swapped_baseline))
+                       for order in (groups, groups[::-1])]
+            swaps, swapped, swapped_baseline = min(
+                fitting, key=lambda option: (_list_bytes(analysis.graph, option[0]), len(option[0])))
         chosen += swaps
         host.left -= _list_bytes(analysis.graph, swaps)
         current, current_baseline = swapped, swapped_baseline
     return tuple(chosen), current, current_baseline
+
+
+def _fewest_fitting(groups: list[list[LoopSwap]], trial, target_bytes: int, whole: tuple
+                    ) -> tuple[list[LoopSwap], StepAnalysis, Baseline]:
+    """The shortest prefix of `groups` whose swaps fit `target_bytes` (bisection; `trial(swaps)` gives the
+    step so swapped and its baseline), with what `trial` gave for it; `whole`, `trial` of every group, when
+    only all fit."""
+    low, high, best = 1, len(groups), whole
+    while low < high:
+        middle = (low + high) // 2
+        part = [swap for group in groups[:middle] for swap in group]
+        part_analysis, part_baseline = trial(part)
+        if part_baseline.fits(target_bytes):
+            high, best = middle, (part, part_analysis, part_baseline)
+        else:
+            low = middle + 1
+    return best
 
 
 def _buffer_groups(graph: Graph, swaps: Sequence[LoopSwap]) -> list[list[LoopSwap]]:

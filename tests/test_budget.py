@@ -179,7 +179,7 @@ def test_a_deeper_prefetch_keeps_more_elements_on_the_device():
     assert deep.predicted_peak_after_bytes == shallow.predicted_peak_after_bytes + 3 * MB
 
 
-def test_the_loop_that_makes_the_step_fit_swaps_its_largest_lists_only_and_lists_of_one_buffer_together():
+def test_the_loop_that_makes_the_step_fit_swaps_the_fewest_bytes_that_fit_and_lists_of_one_buffer_together():
     # lists of 40, 20, 10 and 10 MB; the first and the last save the same buffer
     g, (first, second, third, last) = loop_lists_training_graph(10, (4 * MB, 2 * MB, MB, MB),
                                                                 buffers=("h", None, None, "h"))
@@ -187,12 +187,16 @@ def test_the_loop_that_makes_the_step_fit_swaps_its_largest_lists_only_and_lists
     before = plan_swaps(analysis, budget_bytes=1000 * MB, allocator="exact", loop_swap_depth=1)
     assert before.predicted_peak_before_bytes > 80 * MB and not before.loop_swaps
     plans = {budget: plan_swaps(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
-             for budget in (70, 30, 20)}
-    assert plans[70].loop_swaps == (first, last) and plans[70].loop_swapped_bytes == 50 * MB
-    assert plans[30].loop_swaps == (first, last, second)
+             for budget in (80, 70, 50, 20)}
+    # smallest first: 10 MB, then 30 MB, where the largest group alone would swap 50 MB
+    assert plans[80].loop_swaps == (third,) and plans[80].loop_swapped_bytes == 10 * MB
+    assert plans[70].loop_swaps == (third, second) and plans[70].loop_swapped_bytes == 30 * MB
+    # largest first: 50 MB, where smallest first would take every list (80 MB)
+    assert plans[50].loop_swaps == (first, last) and plans[50].loop_swapped_bytes == 50 * MB
     assert plans[20].loop_swaps == (first, last, second, third)  # the whole loop
     for budget, plan in plans.items():
         assert plan.feasible and plan.predicted_peak_after_bytes <= budget * MB and not plan.decisions
+    assert plans[70].predicted_overhead_s < plans[50].predicted_overhead_s
 
 
 def _lowest_peak(analysis, machine):

@@ -15,10 +15,14 @@ process, real OOM), the largest batch that trains two full steps under
 
 and, at B_base for every variant (in an arena of twice the budget, so a step over
 the budget is still measured): the measured peak beside seqmem's predicted one,
-and training throughput in target tokens per second.
+and training throughput in target tokens per second, in --measure-runs fresh
+processes per variant (variants alternating; the run of median throughput
+reported, with every run's).
 
     python -m models.nmt.benchmark              # T = 50, 100, 200, 400; 1024 MB
     python -m models.nmt.benchmark --quick      # T = 30, a small model, batches within 50%: a few minutes
+    python -m models.nmt.benchmark --time-steps 50 --at-batch 223 --measure-runs 3
+                                                # no searches: peak and throughput at batch 223
 
 Writes nmt-benchmark.json and nmt-batch.png (batch vs T per variant) under --out.
 """
@@ -36,7 +40,8 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import largest_batch
-from seqmem.bench.report import EXECUTORS, batch_chart, measured_cell, ratio, search_settings, value_or_verdict
+from seqmem.bench.report import (EXECUTORS, batch_chart, measured_cell, median_run, ratio, search_settings,
+                                 value_or_verdict)
 from seqmem.bench.workload import Workload, predicted_batch, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
@@ -100,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes a batch must train in to count as fitting")
     parser.add_argument("--jobs", type=int, default=1,
                         help="probe processes side by side in batch searches (more than 1 changes the order ops run in)")
+    parser.add_argument("--at-batch", type=int,
+                        help="skip the batch searches: measure every variant at this batch instead of at B_base")
+    parser.add_argument("--measure-runs", type=int, default=1,
+                        help="fresh processes per variant for the peak and throughput at B_base (or --at-batch)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated variants to run, base among them (default: all seven)")
     parser.add_argument("--out", default="nmt-benchmark", help="folder for the JSON and the PNG")
     args = parser.parse_args(argv)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if "base" not in variants or not set(variants) <= set(VARIANTS):
+    named = {v.strip() for v in args.variants.split(",") if v.strip()}
+    variants = [v for v in VARIANTS if v in named]
+    if "base" not in named or not named <= set(VARIANTS):
         parser.error(f"--variants must name base and any of {list(VARIANTS)}, got {args.variants!r}")
     if args.quick:
         args.time_steps, args.units, args.vocab, args.budget_mb = "30", 64, 200, 128
@@ -115,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         time_steps = [int(t) for t in args.time_steps.split(",")]
     except ValueError:
         parser.error(f"--time-steps must be comma-separated integers, got {args.time_steps!r}")
-    if min([args.budget_mb, args.units, args.vocab, args.max_batch, args.timeout_s, args.jobs, args.runs]
-           + time_steps) < 1:
-        parser.error("time steps, budget, units, vocabulary, batch limit, timeout, jobs and runs must be positive")
+    if min([args.budget_mb, args.units, args.vocab, args.max_batch, args.timeout_s, args.jobs, args.runs,
+            args.measure_runs, 1 if args.at_batch is None else args.at_batch] + time_steps) < 1:
+        parser.error("time steps, budget, units, vocabulary, batch limit, timeout, jobs, runs and --at-batch "
+                     "must be positive")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     # Children unpickle functions by module name: use the importable name, not __main__.
@@ -130,36 +141,28 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         for steps in time_steps:
             row: dict[str, Any] = {"time_steps": steps, "batch": {}, "notes": {}, "at_base": {}}
-            guess = run_with_budget(predicted_batch, bench.workload("base", steps, *model, args.budget_mb),
-                                    args.budget_mb, budget_mb=args.budget_mb, timeout_s=args.timeout_s,
-                                    one_stream=one_stream)
-            progress.update(1)
+            if args.at_batch is None:
+                search_batches(row, steps, variants, args, progress)
+            row["measured_at"] = args.at_batch if args.at_batch is not None else row["batch"]["base"]
 
-            def search(variant, start):
-                return largest_batch(trains, bench.workload(variant, steps, *model, args.budget_mb),
-                                     budget_mb=args.budget_mb,
-                                     limit=args.max_batch, start=min(max(start, 1), args.max_batch),
-                                     precision=args.precision, runs=args.runs, one_stream=one_stream,
-                                     timeout_s=args.timeout_s,
-                                     on_probe=lambda batch, verdict: progress.update(1))
-
-            found = {"base": search("base", guess.value if guess.ok else 1)}
-            base = found["base"].batch
-            # the other variants start from B_base and are independent: probe them side by side
-            others = [v for v in VARIANTS if v in variants and v != "base"]
-            with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-                found.update(zip(others, pool.map(lambda variant: search(variant, base), others)))
-            for variant in found:
-                row["batch"][variant], row["notes"][variant] = found[variant].batch, found[variant].notes
-            for variant in found if base else ():
-                run = run_with_budget(bench.measure, variant, base, steps, *model, args.budget_mb,
-                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)
+            def measure_variant(variant):
                 progress.update(1)
-                row["at_base"][variant] = value_or_verdict(run)
+                return value_or_verdict(run_with_budget(
+                    bench.measure, variant, row["measured_at"], steps, *model, args.budget_mb,
+                    budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream))
+
+            if row["measured_at"]:  # variants alternate, so a slower spell of the machine hits each alike
+                rounds = [{variant: measure_variant(variant) for variant in variants}
+                          for _ in range(args.measure_runs)]
+                row["at_base"] = {variant: median_run([round_[variant] for round_ in rounds], "tokens_per_s")
+                                  for variant in variants}
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "nmt-benchmark.json"))  # each row as soon as it is measured
 
     print(format_report(report))
+    if args.at_batch is not None:
+        print(f"wrote {write_json(report, os.path.join(args.out, 'nmt-benchmark.json'))}")
+        return 0
     chart = batch_chart(os.path.join(args.out, "nmt-batch.png"), report["rows"], "time_steps",
                         "time steps T (source and target)", f"NMT under {args.budget_mb} MB (emulated device, measured)")
     path = write_json(report, os.path.join(args.out, "nmt-benchmark.json"))
@@ -167,19 +170,56 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def search_batches(row: dict[str, Any], steps: int, variants: list[str], args: argparse.Namespace,
+                   progress: tqdm) -> None:
+    """Fill `row`'s "batch" and "notes" with each variant's largest batch at `steps` time steps (B_base
+    first: the other variants' searches start there)."""
+    from models.nmt import benchmark as bench  # children unpickle functions by module name, not __main__
+
+    model, one_stream = (args.units, args.vocab), args.executor == "one-stream"
+    guess = run_with_budget(predicted_batch, bench.workload("base", steps, *model, args.budget_mb),
+                            args.budget_mb, budget_mb=args.budget_mb, timeout_s=args.timeout_s,
+                            one_stream=one_stream)
+    progress.update(1)
+
+    def search(variant, start):
+        return largest_batch(trains, bench.workload(variant, steps, *model, args.budget_mb),
+                             budget_mb=args.budget_mb,
+                             limit=args.max_batch, start=min(max(start, 1), args.max_batch),
+                             precision=args.precision, runs=args.runs, one_stream=one_stream,
+                             timeout_s=args.timeout_s,
+                             on_probe=lambda batch, verdict: progress.update(1))
+
+    found = {"base": search("base", guess.value if guess.ok else 1)}
+    base = found["base"].batch
+    # the other variants start from B_base and are independent: probe them side by side
+    others = [v for v in variants if v != "base"]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        found.update(zip(others, pool.map(lambda variant: search(variant, base), others)))
+    for variant in found:
+        row["batch"][variant], row["notes"][variant] = found[variant].batch, found[variant].notes
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """The benchmark's tables in Markdown, from its JSON report."""
+    """The benchmark's tables in Markdown, from its JSON report (no batch table for a run with --at-batch)."""
     args = report["args"]
-    lines = [f"Largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
-             f"units {args['units']}, vocabulary {args['vocab']}; ratio to B_base in parentheses",
-             "| T | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
-    for row in report["rows"]:
+    lines = []
+    searched = [row for row in report["rows"] if row["batch"]]
+    if searched:
+        lines += [f"Largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
+                  f"units {args['units']}, vocabulary {args['vocab']}; ratio to B_base in parentheses",
+                  "| T | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
+    for row in searched:
         batch = row["batch"]
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
                                         for v in list(VARIANTS)[1:]]
         lines.append(f"| {row['time_steps']} | " + " | ".join(cells) + " |")
-    lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, swaps, "
-                  "target tokens/s (vs base)",
+    runs = args.get("measure_runs", 1)
+    lines += [""] if lines else []
+    lines += [f"At {'the batch given' if args.get('at_batch') else 'B_base'}, in an arena of twice the budget: "
+              f"measured peak (predicted) in MB, swaps, target tokens/s (vs base)"
+              + (f"; of {runs} fresh processes each, the one of median throughput, every run's in brackets"
+                 if runs > 1 else ""),
               "| T | batch | " + " | ".join(VARIANTS) + " |", "|---:|---:" + "|---" * len(VARIANTS) + "|"]
     for row in report["rows"]:
         measured = row["at_base"]
@@ -188,7 +228,8 @@ def format_report(report: dict[str, Any]) -> str:
         reference = measured["base"].get("tokens_per_s")
         cells = [measured_cell(measured.get(variant, {"error": "-"}), "tokens_per_s", "tok/s", reference)
                  for variant in VARIANTS]
-        lines.append(f"| {row['time_steps']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
+        batch = row.get("measured_at", row["batch"].get("base"))  # reports before --at-batch: B_base
+        lines.append(f"| {row['time_steps']} | {batch} | " + " | ".join(cells) + " |")
     for row in report["rows"]:
         for variant, notes in row["notes"].items():
             lines += [f"note (T={row['time_steps']}, {variant}): {note}" for note in notes]

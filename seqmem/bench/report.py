@@ -8,7 +8,7 @@ from seqmem.files import save_figure
 from seqmem.runtime.device import BudgetRun
 from seqmem.units import MIB
 
-__all__ = ["EXECUTORS", "batch_chart", "measured_cell", "ratio", "search_settings", "value_or_verdict"]
+__all__ = ["EXECUTORS", "batch_chart", "measured_cell", "median_run", "ratio", "search_settings", "value_or_verdict"]
 
 
 EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
@@ -32,11 +32,25 @@ def ratio(numerator: Any, denominator: Any, digits: int = 2) -> str:
 
 def measured_cell(cell: dict[str, Any], rate: str, unit: str, reference: Any) -> str:
     """One variant's measurement (`seqmem.bench.workload.measure` plus its `rate`) as a table cell:
-    "306 (287), 14 swaps, 5482 tok/s (0.83x)", the ratio to `reference`; the verdict for a failed run."""
+    "306 (287), 14 swaps, 5482 tok/s (0.83x)", the ratio to `reference`, with every run's rate in brackets
+    after it when `median_run` chose it from several; the verdict for a failed run."""
     if "error" in cell:
         return cell["error"]
+    runs = [run[rate] for run in cell.get("runs", []) if "error" not in run]
     return (f"{cell['peak_bytes'] / MIB:.0f} ({cell['predicted_peak_bytes'] / MIB:.0f}), {cell['swaps']} swaps, "
-            f"{cell[rate]:.0f} {unit} ({ratio(cell[rate], reference)})")
+            f"{cell[rate]:.0f} {unit} ({ratio(cell[rate], reference)})"
+            + (f" [{' / '.join(f'{r:.0f}' for r in runs)}]" if len(runs) > 1 else ""))
+
+
+def median_run(cells: list[dict[str, Any]], rate: str) -> dict[str, Any]:
+    """Of one variant's measurements in several fresh processes (`value_or_verdict` cells), the one of
+    median `rate` (the lower middle one of an even count), with every cell, in run order, as "runs"; the
+    first failure when no run succeeded. Raises ValueError for no cells."""
+    if not cells:
+        raise ValueError("median_run needs at least one measurement")
+    ok = [cell for cell in cells if "error" not in cell]
+    middle = sorted(ok, key=lambda cell: cell[rate])[(len(ok) - 1) // 2] if ok else cells[0]
+    return {**middle, "runs": cells}
 
 
 def value_or_verdict(run: BudgetRun) -> dict[str, Any]:

@@ -226,7 +226,7 @@ def test_benchmark_finds_a_larger_batch_with_efficient_attention_by_real_oom(tmp
 
 @pytest.mark.parametrize("argv", [["--time-steps", "50,x"], ["--budget-mb", "0"], ["--precision", "2"], ["--nope"],
                                   ["--variants", "swap,both"], ["--variants", "base,fast"], ["--runs", "0"],
-                                  ["--executor", "gpu"]])
+                                  ["--executor", "gpu"], ["--at-batch", "0"], ["--measure-runs", "0"]])
 def test_benchmark_bad_flags(argv, capsys):
     from models.nmt import benchmark
 
@@ -252,3 +252,32 @@ def test_loop_peaks_row_reports_the_spread_in_mb():
     row = format_row("tfa", "bounded to 1", 2, {"peak_bytes": [73 << 20, 71 << 20, 72 << 20],
                                                  "median_step_s": 0.4, "predicted_peak_bytes": 87 << 20})
     assert row == "| tfa | bounded to 1 | 2 | 71.0 | 72.0 | 73.0 | 87.0 | 400 |"
+
+
+def test_benchmark_at_a_given_batch_measures_each_variant_in_alternating_fresh_processes(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from models.nmt import benchmark
+    from seqmem.runtime.device import BudgetRun
+
+    calls = []
+
+    def fake_run_with_budget(function, variant, batch, *args, budget_mb, timeout_s, one_stream):
+        calls.append((function.__name__, variant, batch, budget_mb, one_stream))
+        rate = {"base": 1000.0, "swap": 900.0 + len(calls)}[variant]
+        return BudgetRun("ok", value={"peak_bytes": 300 << 20, "predicted_peak_bytes": 290 << 20, "swaps": 0,
+                                      "median_step_s": 1.0, "tokens_per_s": rate})
+
+    monkeypatch.setattr(benchmark, "run_with_budget", fake_run_with_budget)
+    argv = ["--time-steps", "50", "--at-batch", "223", "--measure-runs", "3", "--variants", "swap,base",
+            "--executor", "one-stream", "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    # no batch search: base and swap alternate, three rounds, at the batch given, in twice the budget
+    assert calls == [("measure", variant, 223, 2048, True) for _ in range(3) for variant in ("base", "swap")]
+    (row,) = json.loads((tmp_path / "nmt-benchmark.json").read_text())["rows"]
+    assert row["batch"] == {} and row["measured_at"] == 223
+    assert row["at_base"]["swap"]["tokens_per_s"] == 904.0
+    assert [run["tokens_per_s"] for run in row["at_base"]["swap"]["runs"]] == [902.0, 904.0, 906.0]
+    printed = capsys.readouterr().out
+    assert "Largest batch" not in printed and "| 50 | 223 | 300 (290), 0 swaps, 1000 tok/s (1.00x)" in printed
+    assert "904 tok/s (0.90x) [902 / 904 / 906]" in printed
+    assert not (tmp_path / "nmt-batch.png").exists()
