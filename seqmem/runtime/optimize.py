@@ -65,8 +65,8 @@ def optimize(
     target: a tf.function (traced for `input_signature`, a sequence of
     TensorSpecs, when it has none of its own), a ConcreteFunction, a TF1
     tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
-    for functions (unchanged when the step already fits and has no loop to
-    bound), with `.graph_def` and `.plan`.
+    for functions (unchanged when the step already fits, has no loop to bound
+    and is not pinned), with `.graph_def` and `.plan`.
     kinds: how a feature map may be conserved (`seqmem.swap.plan.KINDS`): "swap"
     to host memory, "recompute" from tensors the device keeps anyway, and, only
     with `compression` ("float16" or "bfloat16"), "compress" (cast on the device)
@@ -100,9 +100,10 @@ def optimize(
     see `seqmem.runtime.measure.inputs_like`); pass real ones when the step
     checks its inputs' values.
     pin_order: when the step runs on one compute stream (one inter-op thread,
-    as on the emulated device) and does not fit as it is, pin it to its planned
-    schedule with control edges (`seqmem.swap.pin`), so that it runs in the
-    order the plan was simulated in. No effect elsewhere.
+    as on the emulated device), pin it with control edges (`seqmem.swap.pin`)
+    to its schedule or to its own order, whichever peaks lower, also when it
+    fits as it is, so that it runs in the order the plan was simulated in.
+    No effect elsewhere.
     loop_parallel_iterations: every while loop of the step (Keras RNNs, tfa
     decoders, their gradient loops) runs at most this many iterations at once
     (`seqmem.edge.loops`): at 1 a loop's memory no longer depends on how far
@@ -205,9 +206,9 @@ class _Planner:
 
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
-    pinned: a step that does not fit as it is gets pinned, to its schedule or to its own order,
-    where a pinned plan fits; a pinned step's gradient barriers are split (`seqmem.swap.barriers`), so
-    that each update runs once its own gradient exists.
+    pinned: the step gets pinned, to its schedule or to its own order, where a pinned plan fits; a pinned
+    step's gradient barriers are split (`seqmem.swap.barriers`), so that each update runs once its own
+    gradient exists.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
     loop_swap_depth: `plan_swaps`' (None: no loop swaps).
     """
@@ -259,13 +260,11 @@ class _Planner:
         return dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations or self._loop_bound)
 
     def _plan(self, target_bytes: int) -> SwapPlan:
-        """As it is when the step fits so; otherwise the first plan that fits of: each pinned order, lowest
-        baseline peak first, then as it is. Raises the failure with the lowest peak."""
-        as_it_is = self._baseline("as it is")
-        tries = ["as it is"]
-        if not (as_it_is.trace.peak_bytes <= target_bytes and as_it_is.placed):
-            pinned = [name for name, (_, pinned) in self._orders.items() if pinned]
-            tries = sorted(pinned, key=lambda name: self._baseline(name).trace.peak_bytes) + tries
+        """The first plan that fits of: each pinned order, lowest baseline peak first, then as it is (so a
+        step that fits as it is is pinned too, to run in the order its peak was predicted for). Raises the
+        failure with the lowest peak."""
+        pinned = [name for name, (_, pinned) in self._orders.items() if pinned]
+        tries = sorted(pinned, key=lambda name: self._baseline(name).trace.peak_bytes) + ["as it is"]
         failures = []
         for name in tries:
             analysis, pinned = self._orders[name]

@@ -24,6 +24,31 @@ def equivalence(name, batch, steps=3):
             plan.loop_parallel_iterations)
 
 
+def fitting_step(name, batch, steps=2):
+    """An example's step optimized for a budget it fits as it is vs the original, same initial weights: (the
+    plan's pinned order, losses equal, variables equal, the optimized step's measured peaks, its predicted
+    peak). The optimized step runs first, in a fresh arena as predicted."""
+    import tensorflow as tf
+
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime.measure import step_peaks
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+    copy = build_example(name, batch)
+    args = copy.make_inputs(0)
+    step = optimize(copy.step, 1e5, input_signature=copy.input_specs, calibrate=False)
+    optimized_losses = [float(step(*args)) for _ in range(steps)]
+    peaks = step_peaks(step, args, copy.model.variables, 2)
+    original = build_example(name, batch)
+    losses = [float(original.step(*args)) for _ in range(steps)]
+    same_variables = all(
+        np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
+    )
+    return (step.plan.pinned_order, losses == optimized_losses, same_variables, peaks,
+            step.plan.predicted_peak_after_bytes)
+
+
 def _optimized_below_its_peak(example, **options):
     """`optimize` of an example's step for the largest budget in 80-98% of its predicted peak that has a plan."""
     from seqmem.errors import InfeasibleBudgetError

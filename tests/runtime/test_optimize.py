@@ -52,6 +52,20 @@ def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(n
 
 
 @pytest.mark.device
+def test_a_step_that_fits_as_it_is_is_pinned_on_one_stream_and_runs_as_predicted():
+    # cnn at batch 64, pinned, 2026-11-26: within 4% of the prediction (docs/results.md); as it is, the
+    # executor's order measured up to 40% over. The lower of up to two fresh processes is held to 10%.
+    for _ in range(2):
+        run = run_with_budget(optimize_jobs.fitting_step, "cnn", 64, budget_mb=4096)
+        assert run.ok, run.message
+        pinned_order, same_losses, same_variables, peaks, predicted = run.value
+        if min(peaks) < predicted * 1.1:
+            break
+    assert pinned_order and same_losses and same_variables
+    assert predicted * 0.9 < min(peaks) < predicted * 1.1
+
+
+@pytest.mark.device
 def test_step_that_ooms_trains_under_the_same_budget_with_seqmem():
     # the demo's case: ResNet-14 at batch 256 under 200 MB (by hand: baseline OOM 4 of 4 runs at 200-250 MB,
     # seqmem measured 119-138 MB in 3 of 3). The small CNN at 170 MB was not reliable (README).
