@@ -127,13 +127,13 @@ def optimize(
         loops.check_parallel_iterations(loop_parallel_iterations)
     backend = backend or _default_backend()
     machine = machine or _default_machine(backend)
+    loop_swap_depth = _loop_swap_depth(backend, loop_parallel_iterations)
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
-        plan = plan_swaps(analysis, budget_bytes, target_bytes=target_bytes, machine=machine, options=options,
-                          loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
-        plan = dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations
-                                   or _loop_bound(analysis, loop_parallel_iterations))
-        return build_step(analysis, plan, backend)
+        planner = _Planner(analysis, budget_bytes, machine, options, arena_bytes=None, measurable=False,
+                           pinned=False, loop_parallel_iterations=loop_parallel_iterations,
+                           loop_swap_depth=loop_swap_depth)
+        return build_step(analysis, planner.plan(target_bytes), backend)
     if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
         raise TypeError(
             f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
@@ -147,8 +147,7 @@ def optimize(
     planner = _Planner(analysis, budget_bytes, machine, options,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
                        pinned=pin_order and bool(analysis.pinned_order),
-                       loop_parallel_iterations=loop_parallel_iterations,
-                       loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
+                       loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
     try:
         plan = planner.plan(target_bytes)
     except InfeasibleBudgetError as error:
