@@ -29,6 +29,7 @@ __all__ = [
     "keras",
     "optimize",
     "profile",
+    "projected_mean_cross_entropy",
     "projected_sparse_cross_entropy",
     "simulate",
 ]
@@ -50,6 +51,7 @@ _HOME = {
     "MemoryEfficientBahdanauAttention": "seqmem.attention",
     "MemoryEfficientLSTM": "seqmem.recurrent",
     "MemoryEfficientGRU": "seqmem.recurrent",
+    "projected_mean_cross_entropy": "seqmem.softmax_loss",
     "projected_sparse_cross_entropy": "seqmem.softmax_loss",
 }
 _MODULES = {"device": "seqmem.runtime.device", "keras": "seqmem.runtime.keras"}

@@ -16,6 +16,16 @@ more than one block's [rows / blocks, V] tensors. The blocks run one after
 another (control edges), also in backward, where each waits for the incoming
 gradient so that no recomputation runs ahead of it.
 
+`projected_mean_cross_entropy` is the form for a training step whose loss is
+the (weighted) mean of those losses. A mean's gradient with respect to each
+logit is known once that logit's block is computed, so it forms every gradient
+in the forward pass, block by block, and keeps only them for backward: the
+features' gradient [rows, H], the kernel's [H, V] and the bias's [V]. Backward
+scales them by the incoming gradient. No logits are recomputed: the step does
+the three products per block that the unblocked loss and its gradient do. The
+gradients are computed even where nothing differentiates the loss (use
+`projected_sparse_cross_entropy` to only evaluate it).
+
 Values equal the unblocked computation up to float rounding: the kernel's and
 the bias's gradients are summed block by block instead of in one product.
 """
@@ -26,7 +36,7 @@ import math
 
 import tensorflow as tf
 
-__all__ = ["projected_sparse_cross_entropy"]
+__all__ = ["projected_mean_cross_entropy", "projected_sparse_cross_entropy"]
 
 
 def projected_sparse_cross_entropy(features, labels, kernel, bias=None, *, blocks: int = 8):
@@ -42,18 +52,45 @@ def projected_sparse_cross_entropy(features, labels, kernel, bias=None, *, block
     Raises ValueError for `blocks` below 1, non-float features, non-integer
     labels, or shapes that do not fit together.
     """
+    flat_features, flat_labels, parameters, bounds = _flat_blocks(features, labels, kernel, bias, blocks)
+    losses = _blocked_loss(flat_labels, bounds)(flat_features, *parameters)
+    return tf.reshape(losses, tf.shape(labels))
+
+
+def projected_mean_cross_entropy(features, labels, kernel, bias=None, *, weights=None, blocks: int = 8):
+    """sum(weights * losses) / sum(weights), losses those of `projected_sparse_cross_entropy`; a scalar.
+
+    weights: float, shaped like `labels` (e.g. a padding mask), not differentiated; None weighs every
+    position alike (the plain mean). Every gradient is formed in the forward pass (see the module's
+    docstring): differentiable in `features`, `kernel` and `bias`, once (no second derivatives).
+    Raises ValueError as `projected_sparse_cross_entropy` does, and for weights of another shape or dtype.
+    """
+    labels = tf.convert_to_tensor(labels)
+    flat_features, flat_labels, parameters, bounds = _flat_blocks(features, labels, kernel, bias, blocks)
+    if weights is None:
+        scale = tf.fill(tf.shape(flat_labels), 1.0 / tf.cast(tf.size(flat_labels), flat_features.dtype))
+    else:
+        weights = tf.convert_to_tensor(weights)
+        if weights.dtype != flat_features.dtype or not weights.shape.is_compatible_with(labels.shape):
+            raise ValueError(f"weights must be {flat_features.dtype.name} shaped like labels {labels.shape}, got "
+                             f"{weights.dtype.name} {weights.shape}")
+        flat_weights = tf.reshape(weights, [-1])
+        scale = flat_weights / tf.reduce_sum(flat_weights)
+    return _mean_loss(flat_labels, scale, bounds)(flat_features, *parameters)
+
+
+def _flat_blocks(features, labels, kernel, bias, blocks):
+    """Checked (features [rows, H], labels [rows], [kernel, bias?], row blocks' bounds)."""
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"blocks must be a positive int, got {blocks!r}")
     features, labels, kernel = (tf.convert_to_tensor(t) for t in (features, labels, kernel))
     parameters = [kernel] if bias is None else [kernel, tf.convert_to_tensor(bias)]
     _check(features, labels, parameters)
-    units = features.shape[-1]
     rows = labels.shape.num_elements()  # None when the labels' shape is not static
-    flat_features = tf.reshape(features, [-1 if rows is None else rows, units])
+    flat_features = tf.reshape(features, [-1 if rows is None else rows, features.shape[-1]])
     flat_labels = tf.reshape(labels, [-1])
     bounds = _block_bounds(rows if rows is not None else tf.shape(flat_labels)[0], blocks)
-    losses = _blocked_loss(flat_labels, bounds)(flat_features, *parameters)
-    return tf.reshape(losses, tf.shape(labels))
+    return flat_features, flat_labels, parameters, bounds
 
 
 def _check(features: tf.Tensor, labels: tf.Tensor, parameters: list[tf.Tensor]) -> None:
@@ -92,6 +129,22 @@ def _logits(features, parameters, after):
     return logits if len(parameters) == 1 else tf.nn.bias_add(logits, parameters[1])
 
 
+def _block_gradients(features, labels, parameters, row_scale, after):
+    """One block's (losses, features' gradient, [kernel's, bias's] gradients) for the logits' gradient
+    (softmax - one_hot) * row_scale[:, None]; its logits made once every op in `after` has run."""
+    logits = _logits(features, parameters, after)
+    losses, softmax_minus_one_hot = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels)
+    d_logits = softmax_minus_one_hot * row_scale[:, tf.newaxis]
+    d_parameters = [tf.matmul(features, d_logits, transpose_a=True)]
+    if len(parameters) == 2:
+        d_parameters.append(tf.reduce_sum(d_logits, axis=0))
+    return losses, tf.matmul(d_logits, parameters[0], transpose_b=True), d_parameters
+
+
+def _summed(totals: list, block: list) -> list:
+    return [b if total is None else total + b for total, b in zip(totals, block)]
+
+
 def _blocked_loss(labels: tf.Tensor, bounds: list[tuple]):
     """The custom-gradient function (features [rows, H], kernel, [bias]) -> losses [rows]."""
 
@@ -108,18 +161,38 @@ def _blocked_loss(labels: tf.Tensor, bounds: list[tuple]):
             d_features, d_parameters = [], [None] * len(parameters)
             after = [d_losses]  # recompute only once the loss's gradient has arrived
             for start, end in bounds:
-                logits = _logits(features[start:end], parameters, after)
-                _, softmax_minus_one_hot = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-                    features=logits, labels=labels[start:end])
-                d_logits = softmax_minus_one_hot * d_losses[start:end, tf.newaxis]
-                d_features.append(tf.matmul(d_logits, parameters[0], transpose_b=True))
-                block = [tf.matmul(features[start:end], d_logits, transpose_a=True)]
-                if len(parameters) == 2:
-                    block.append(tf.reduce_sum(d_logits, axis=0))
-                d_parameters = [b if total is None else total + b for total, b in zip(d_parameters, block)]
-                after = [d_features[-1], *d_parameters]
+                _, d_block, block = _block_gradients(features[start:end], labels[start:end], parameters,
+                                                     d_losses[start:end], after)
+                d_features.append(d_block)
+                d_parameters = _summed(d_parameters, block)
+                after = [d_block, *d_parameters]
             return (tf.concat(d_features, axis=0), *d_parameters)
 
         return tf.concat(losses, axis=0), grad
 
     return blocked_loss
+
+
+def _mean_loss(labels: tf.Tensor, scale: tf.Tensor, bounds: list[tuple]):
+    """The custom-gradient function (features [rows, H], kernel, [bias]) -> sum(scale * losses), a scalar
+    whose gradients are formed in the forward pass."""
+
+    @tf.custom_gradient
+    def mean_loss(features, *parameters):
+        mean, d_features, d_parameters, after = None, [], [None] * len(parameters), []
+        for start, end in bounds:
+            losses, d_block, block = _block_gradients(features[start:end], labels[start:end], parameters,
+                                                      scale[start:end], after)
+            part = tf.reduce_sum(losses * scale[start:end])
+            mean = part if mean is None else mean + part
+            d_features.append(d_block)
+            d_parameters = _summed(d_parameters, block)
+            after = [d_block, *d_parameters]
+        d_features = tf.concat(d_features, axis=0)
+
+        def grad(d_mean):
+            return (d_features * d_mean, *(d * d_mean for d in d_parameters))
+
+        return mean, grad
+
+    return mean_loss

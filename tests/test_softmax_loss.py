@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from seqmem.softmax_loss import projected_sparse_cross_entropy
+from seqmem.softmax_loss import projected_mean_cross_entropy, projected_sparse_cross_entropy
 
 BATCH, STEPS, UNITS, VOCAB = 3, 5, 4, 13
 
@@ -103,8 +103,74 @@ def test_backward_recomputation_waits_for_the_incoming_gradient():
     (lambda f, l, k, b: projected_sparse_cross_entropy(f, l[:, :-1], k, b), "labels must have features' leading"),
     (lambda f, l, k, b: projected_sparse_cross_entropy(f, l, k, b[:-1]), "bias must be"),
     (lambda f, l, k, b: projected_sparse_cross_entropy(f, l, tf.cast(k, tf.float64), None), "dtype"),
+    (lambda f, l, k, b: projected_mean_cross_entropy(f, l, k, b, blocks=-1), "blocks must be a positive int"),
+    (lambda f, l, k, b: projected_mean_cross_entropy(f, l[:, :-1], k, b), "labels must have features' leading"),
+    (lambda f, l, k, b: projected_mean_cross_entropy(f, l, k, b, weights=tf.ones([BATCH])), "weights must be"),
+    (lambda f, l, k, b: projected_mean_cross_entropy(f, l, k, b, weights=tf.ones(l.shape, tf.float64)),
+     "weights must be float32"),
 ])
 def test_bad_input_is_a_clear_error(call, message):
     features, labels, kernel, bias, _ = _data()
     with pytest.raises(ValueError, match=message):
         call(features, labels, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
+
+
+def _mean_and_gradients(loss_fn, features, labels, kernel, bias, weights):
+    with tf.GradientTape() as tape:
+        tape.watch(features)
+        mean = loss_fn(features, labels, kernel, bias, weights)
+        scaled = 3.0 * mean  # an incoming gradient other than 1
+    sources = [features, kernel] + ([bias] if bias is not None else [])
+    return [mean, *tape.gradient(scaled, sources)]
+
+
+def _keras_mean(features, labels, kernel, bias, weights):
+    losses = _keras(features, labels, kernel, bias)
+    return tf.reduce_mean(losses) if weights is None else tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
+
+
+@pytest.mark.parametrize("blocks", [1, 4, 40])
+@pytest.mark.parametrize("with_bias, weighted", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("graph_mode", [False, True])
+def test_mean_and_its_gradients_match_keras_mean_crossentropy(blocks, with_bias, weighted, graph_mode):
+    features, labels, kernel, bias, weights = _data(4)
+    bias, weights = (bias if with_bias else None), (weights if weighted else None)
+    ours = lambda f, l, k, b, w: projected_mean_cross_entropy(f, l, k, b, weights=w, blocks=blocks)  # noqa: E731
+    run = tf.function(_mean_and_gradients) if graph_mode else _mean_and_gradients
+    expected = run(_keras_mean, features, labels, kernel, bias, weights)
+    got = run(ours, features, labels, kernel, bias, weights)
+    assert got[0].shape == []
+    # float32; the mean and the parameters' gradients are summed block by block instead of in one reduction
+    for name, a, b in zip(["mean", "features", "kernel", "bias"], expected, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_mean_with_unknown_leading_dimensions():
+    features, labels, kernel, bias, weights = _data(5)
+    signature = [tf.TensorSpec([None, None, UNITS], tf.float32), tf.TensorSpec([None, None], tf.int32)]
+
+    @tf.function(input_signature=signature)
+    def both(features, labels):
+        ours = lambda f, l, k, b, w: projected_mean_cross_entropy(f, l, k, b, blocks=4)  # noqa: E731
+        return (_mean_and_gradients(_keras_mean, features, labels, kernel, bias, None),
+                _mean_and_gradients(ours, features, labels, kernel, bias, None))
+
+    expected, got = both(features, labels)
+    for a, b in zip(expected, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_mean_forms_its_gradients_in_forward_and_recomputes_no_logits():
+    rows, blocks = BATCH * STEPS, 5
+    features, labels, kernel, bias, weights = _data(6)
+    graph = tf.function(_mean_and_gradients).get_concrete_function(
+        lambda f, l, k, b, w: projected_mean_cross_entropy(f, l, k, b, blocks=blocks),
+        features, labels, kernel, bias, None).graph
+    operations = graph.get_operations()
+    # per block the unblocked loss's three products: logits, features' and kernel's gradients; none in backward
+    assert sum(op.type == "MatMul" for op in operations) == 3 * blocks
+    assert not any(op.type == "MatMul" and op.name.startswith("gradient_tape/") for op in operations)
+    assert sum(op.type == "SparseSoftmaxCrossEntropyWithLogits" for op in operations) == blocks
+    sizes = [output.shape.num_elements() for op in operations for output in op.outputs
+             if output.shape.rank == 2 and output.shape[-1] == VOCAB]
+    assert max(sizes) == max(rows // blocks, UNITS) * VOCAB  # one block of logits at a time, or the kernel

@@ -16,9 +16,11 @@ a fresh process, real OOM), the largest batch that trains two full steps under
     all         efficient, the blocked loss and seqmem.optimize
 
 A probe that crashes (a kernel dying on a full arena instead of raising) counts
-as not fitting and is listed in the notes. At B_base, each variant's measured and
-predicted peak, what it conserves and its training throughput (target tokens/s),
-in an arena of twice the budget (swapping variants still plan for the budget).
+as not fitting and is listed in the notes. At B_base (or --at-batch, which skips
+the searches), each variant's measured and predicted peak, what it conserves and
+its training throughput (target tokens/s), in an arena of twice the budget
+(swapping variants still plan for the budget); with --measure-runs N, in N fresh
+processes per variant, the variants alternating, and the median one reported.
 
     python -m models.lm.benchmark --layers 1,2,4     # 650 units, 35 steps, vocabulary 10000, 1024 MB
     python -m models.lm.benchmark --quick            # 1 and 4 layers of 256 units, vocabulary 1000, 128 MB
@@ -37,7 +39,8 @@ from typing import Any
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import largest_batch
-from seqmem.bench.report import EXECUTORS, batch_chart, measured_cell, ratio, search_settings, value_or_verdict
+from seqmem.bench.report import (EXECUTORS, alternating_medians, batch_chart, measured_cell, measured_heading, ratio,
+                                 search_settings, value_or_verdict)
 from seqmem.bench.workload import Workload, predicted_batch, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.runtime.device import run_with_budget
@@ -95,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="fresh processes a batch must train in to count as fitting")
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
     parser.add_argument("--executor", choices=EXECUTORS, default="one-stream")
+    parser.add_argument("--at-batch", type=int,
+                        help="skip the batch searches: measure every variant at this batch instead of at B_base")
+    parser.add_argument("--measure-runs", type=int, default=1,
+                        help="fresh processes per variant for the peak and throughput at B_base (or --at-batch)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, base among them")
     parser.add_argument("--out", default="lm-benchmark", help="folder for the JSON report")
     args = parser.parse_args(argv)
@@ -109,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         layer_counts = [int(n) for n in args.layers.split(",")]
     except ValueError:
         parser.error(f"--layers must be comma-separated integers, got {args.layers!r}")
-    if min([args.units, args.time_steps, args.vocab, args.budget_mb, args.max_batch, args.runs, args.timeout_s]
-           + layer_counts) < 1:
-        parser.error("layers, units, time steps, vocabulary, budget, batch limit, runs and timeout must be positive")
+    if min([args.units, args.time_steps, args.vocab, args.budget_mb, args.max_batch, args.runs, args.timeout_s,
+            args.measure_runs, 1 if args.at_batch is None else args.at_batch] + layer_counts) < 1:
+        parser.error("layers, units, time steps, vocabulary, budget, batch limit, runs, timeout, --measure-runs and "
+                     "--at-batch must be positive")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     # Children unpickle functions by module name: use the importable name, not __main__.
@@ -119,66 +127,86 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "rows": []}
+    one_stream = args.executor == "one-stream"
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         for layers in layer_counts:
             row: dict[str, Any] = {"layers": layers, "batch": {}, "notes": {}, "at_base": {}}
             model = (layers, args.units, args.time_steps, args.vocab, args.budget_mb)
-            guess = run_with_budget(predicted_batch, bench.workload("base", *model), args.budget_mb,
-                                    budget_mb=args.budget_mb, timeout_s=args.timeout_s,
-                                    one_stream=args.executor == "one-stream")
-            progress.update(1)
-            start = guess.value if guess.ok else 1
-            for variant in variants:  # base first: the others start from B_base
-                found = largest_batch(trains, bench.workload(variant, *model), budget_mb=args.budget_mb,
-                                      limit=args.max_batch, start=min(max(start, 1), args.max_batch),
-                                      precision=args.precision, runs=args.runs,
-                                      one_stream=args.executor == "one-stream", timeout_s=args.timeout_s,
-                                      on_probe=lambda batch, verdict: progress.update(1))
-                row["batch"][variant], row["notes"][variant] = found.batch, found.notes
-                start = found.batch if variant == "base" else start
-            for variant in variants if row["batch"]["base"] else ():
-                run = run_with_budget(bench.measure, variant, row["batch"]["base"], *model,
-                                      budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s,
-                                      one_stream=args.executor == "one-stream")
+            if args.at_batch is None:
+                search_batches(row, model, variants, args, progress)
+            row["measured_at"] = args.at_batch if args.at_batch is not None else row["batch"]["base"]
+
+            def measure_variant(variant):
                 progress.update(1)
-                row["at_base"][variant] = value_or_verdict(run)
+                return value_or_verdict(run_with_budget(
+                    bench.measure, variant, row["measured_at"], *model, budget_mb=2 * args.budget_mb,
+                    timeout_s=args.timeout_s, one_stream=one_stream))
+
+            if row["measured_at"]:
+                row["at_base"] = alternating_medians(measure_variant, variants, args.measure_runs, "tokens_per_s")
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "lm-benchmark.json"))  # each row as soon as it is measured
     print(format_report(report))
+    if args.at_batch is not None:
+        print(f"wrote {os.path.join(args.out, 'lm-benchmark.json')}")
+        return 0
     chart = batch_chart(os.path.join(args.out, "lm-batch.png"), report["rows"], "layers", "LSTM layers",
                         f"LSTM language model under {args.budget_mb} MB (emulated device, measured)")
     print(f"wrote {os.path.join(args.out, 'lm-benchmark.json')} and {chart}")
     return 0
 
 
+def search_batches(row: dict[str, Any], model: tuple, variants: list[str], args: argparse.Namespace,
+                   progress: tqdm) -> None:
+    """Fill `row`'s "batch" and "notes" with each variant's largest batch for `model` (`workload`'s
+    arguments after the variant), B_base first: the other variants' searches start there."""
+    from models.lm import benchmark as bench  # children unpickle functions by module name, not __main__
+
+    one_stream = args.executor == "one-stream"
+    guess = run_with_budget(predicted_batch, bench.workload("base", *model), args.budget_mb,
+                            budget_mb=args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)
+    progress.update(1)
+    start = guess.value if guess.ok else 1
+    for variant in variants:
+        found = largest_batch(trains, bench.workload(variant, *model), budget_mb=args.budget_mb,
+                              limit=args.max_batch, start=min(max(start, 1), args.max_batch),
+                              precision=args.precision, runs=args.runs, one_stream=one_stream,
+                              timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
+        row["batch"][variant], row["notes"][variant] = found.batch, found.notes
+        start = found.batch if variant == "base" else start
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """The benchmark's table in Markdown, from its JSON report."""
+    """The benchmark's tables in Markdown, from its JSON report (no batch table for a run with --at-batch)."""
     args = report["args"]
-    lines = [f"Table 2(a): largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
-             f"LSTM units {args['units']}, {args['time_steps']} steps, vocabulary {args['vocab']}; "
-             f"ratio to B_base in parentheses",
-             "| layers | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
-    for row in report["rows"]:
+    lines = []
+    searched = [row for row in report["rows"] if row["batch"]]
+    if searched:
+        lines += [f"Table 2(a): largest batch that {search_settings(args)}, emulated device {args['budget_mb']} MB, "
+                  f"LSTM units {args['units']}, {args['time_steps']} steps, vocabulary {args['vocab']}; "
+                  f"ratio to B_base in parentheses",
+                  "| layers | " + " | ".join(COLUMNS.values()) + " |", "|---:" * (len(COLUMNS) + 1) + "|"]
+    for row in searched:
         batch = row["batch"]
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
                                         for v in list(VARIANTS)[1:]]
         lines.append(f"| {row['layers']} | " + " | ".join(cells) + " |")
     measured_rows = [row for row in report["rows"] if row.get("at_base")]
     if measured_rows:
-        lines += ["", "At B_base, in an arena of twice the budget: measured peak (predicted) in MB, conserved "
-                      "tensors and loop lists, target tokens/s (vs base)",
+        lines += [""] if lines else []
+        lines += [measured_heading(args, "conserved tensors and loop lists"),
                   "| layers | batch | " + " | ".join(VARIANTS) + " |", "|---:|---:" + "|---" * len(VARIANTS) + "|"]
     for row in measured_rows:
         measured = row["at_base"]
         reference = measured["base"].get("tokens_per_s")
         cells = [measured_cell(measured.get(variant, {"error": "-"}), "tokens_per_s", "tok/s", reference)
                  for variant in VARIANTS]
-        lines.append(f"| {row['layers']} | {row['batch']['base']} | " + " | ".join(cells) + " |")
+        batch = row.get("measured_at", row["batch"].get("base"))  # reports before --at-batch: B_base
+        lines.append(f"| {row['layers']} | {batch} | " + " | ".join(cells) + " |")
     for row in report["rows"]:
         for variant, notes in row["notes"].items():
             lines += [f"note ({row['layers']} layers, {variant}): {note}" for note in notes]
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     sys.exit(main())

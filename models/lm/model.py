@@ -23,8 +23,9 @@ class LanguageModel:
 
     body: the embedding and the LSTM layers, [batch, steps] word ids -> [batch, steps, units] features.
     projection: the `Dense` layer whose logits are the next word's scores.
-    loss: "keras" (the projection's logits, then Keras' cross-entropy) or "efficient" (the same weights,
-    `seqmem.projected_sparse_cross_entropy`, block by block).
+    loss: "keras" (the projection's logits, then Keras' cross-entropy) or "efficient" (the same weights, block
+    by block: `seqmem.projected_mean_cross_entropy` in training, `seqmem.projected_sparse_cross_entropy` to
+    evaluate).
     """
 
     body: Any  # tf.keras.Sequential
@@ -48,6 +49,17 @@ class LanguageModel:
             return projected_sparse_cross_entropy(features, targets, self.projection.kernel, self.projection.bias)
         return tf.keras.losses.sparse_categorical_crossentropy(targets, self.projection(features), from_logits=True)
 
+    def _mean_loss(self, inputs: Any, targets: Any) -> Any:
+        """Mean cross-entropy (nats) over the batch's target words, in training."""
+        import tensorflow as tf
+
+        from seqmem.softmax_loss import projected_mean_cross_entropy
+
+        if self.loss == "efficient":
+            features = self.body(inputs, training=True)
+            return projected_mean_cross_entropy(features, targets, self.projection.kernel, self.projection.bias)
+        return tf.reduce_mean(self.token_losses(inputs, targets, training=True))
+
     def train_step(self) -> Any:
         """A tf.function (inputs, targets) -> mean loss (nats) that applies one optimizer update."""
         import tensorflow as tf
@@ -57,7 +69,7 @@ class LanguageModel:
         @tf.function(autograph=False)
         def step(inputs, targets):
             with tf.GradientTape() as tape:
-                mean_loss = tf.reduce_mean(self.token_losses(inputs, targets, training=True))
+                mean_loss = self._mean_loss(inputs, targets)
             gradients, _ = tf.clip_by_global_norm(tape.gradient(mean_loss, variables), self.clip_norm)
             self.optimizer.apply_gradients(zip(gradients, variables))
             return mean_loss

@@ -40,8 +40,8 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmem.bench.batch_search import largest_batch
-from seqmem.bench.report import (EXECUTORS, batch_chart, measured_cell, median_run, ratio, search_settings,
-                                 value_or_verdict)
+from seqmem.bench.report import (EXECUTORS, alternating_medians, batch_chart, measured_cell, measured_heading, ratio,
+                                 search_settings, value_or_verdict)
 from seqmem.bench.workload import Workload, predicted_batch, trains
 from seqmem.bench.workload import measure as measure_workload
 from seqmem.files import write_json
@@ -151,11 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                     bench.measure, variant, row["measured_at"], steps, *model, args.budget_mb,
                     budget_mb=2 * args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream))
 
-            if row["measured_at"]:  # variants alternate, so a slower spell of the machine hits each alike
-                rounds = [{variant: measure_variant(variant) for variant in variants}
-                          for _ in range(args.measure_runs)]
-                row["at_base"] = {variant: median_run([round_[variant] for round_ in rounds], "tokens_per_s")
-                                  for variant in variants}
+            if row["measured_at"]:
+                row["at_base"] = alternating_medians(measure_variant, variants, args.measure_runs, "tokens_per_s")
             report["rows"].append(row)
             write_json(report, os.path.join(args.out, "nmt-benchmark.json"))  # each row as soon as it is measured
 
@@ -214,12 +211,8 @@ def format_report(report: dict[str, Any]) -> str:
         cells = [str(batch["base"])] + [f"{batch[v]} ({ratio(batch[v], batch['base'])})" if v in batch else "-"
                                         for v in list(VARIANTS)[1:]]
         lines.append(f"| {row['time_steps']} | " + " | ".join(cells) + " |")
-    runs = args.get("measure_runs", 1)
     lines += [""] if lines else []
-    lines += [f"At {'the batch given' if args.get('at_batch') else 'B_base'}, in an arena of twice the budget: "
-              f"measured peak (predicted) in MB, swaps, target tokens/s (vs base)"
-              + (f"; of {runs} fresh processes each, the one of median throughput, every run's in brackets"
-                 if runs > 1 else ""),
+    lines += [measured_heading(args, "swaps"),
               "| T | batch | " + " | ".join(VARIANTS) + " |", "|---:|---:" + "|---" * len(VARIANTS) + "|"]
     for row in report["rows"]:
         measured = row["at_base"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from seqmem.files import save_figure
 from seqmem.runtime.device import BudgetRun
 from seqmem.units import MIB
 
-__all__ = ["EXECUTORS", "batch_chart", "measured_cell", "median_run", "ratio", "search_settings", "value_or_verdict"]
+__all__ = ["EXECUTORS", "alternating_medians", "batch_chart", "measured_cell", "measured_heading", "median_run", "ratio", "search_settings",
+           "value_or_verdict"]
 
 
 EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
@@ -42,6 +43,16 @@ def measured_cell(cell: dict[str, Any], rate: str, unit: str, reference: Any) ->
             + (f" [{' / '.join(f'{r:.0f}' for r in runs)}]" if len(runs) > 1 else ""))
 
 
+def measured_heading(args: dict[str, Any], conserved: str) -> str:
+    """The sentence above a benchmark's table of measured variants, from its recorded arguments (--at-batch,
+    --measure-runs); `conserved` names the table's count of what each variant conserves."""
+    runs = args.get("measure_runs", 1)
+    return (f"At {'the batch given' if args.get('at_batch') else 'B_base'}, in an arena of twice the budget: "
+            f"measured peak (predicted) in MB, {conserved}, target tokens/s (vs base)"
+            + (f"; of {runs} fresh processes each, the one of median throughput, every run's in brackets"
+               if runs > 1 else ""))
+
+
 def median_run(cells: list[dict[str, Any]], rate: str) -> dict[str, Any]:
     """Of one variant's measurements in several fresh processes (`value_or_verdict` cells), the one of
     median `rate` (the lower middle one of an even count), with every cell, in run order, as "runs"; the
@@ -51,6 +62,14 @@ def median_run(cells: list[dict[str, Any]], rate: str) -> dict[str, Any]:
     ok = [cell for cell in cells if "error" not in cell]
     middle = sorted(ok, key=lambda cell: cell[rate])[(len(ok) - 1) // 2] if ok else cells[0]
     return {**middle, "runs": cells}
+
+
+def alternating_medians(measure: Callable[[str], dict[str, Any]], variants: list[str], runs: int,
+                        rate: str) -> dict[str, dict[str, Any]]:
+    """{variant: `median_run` of `runs` cells `measure(variant)`}, the variants measured in turn, round after
+    round, so that a slower spell of the machine hits each alike."""
+    rounds = [{variant: measure(variant) for variant in variants} for _ in range(runs)]
+    return {variant: median_run([round_[variant] for round_ in rounds], rate) for variant in variants}
 
 
 def value_or_verdict(run: BudgetRun) -> dict[str, Any]:
