@@ -18,7 +18,7 @@ from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
-from seqmem.swap.barriers import gradient_barriers, split_barriers
+from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
 from seqmem.swap.plan import LoopSwap
 
 __all__ = ["StepAnalysis", "analyze_graph", "without_barriers"]
@@ -108,6 +108,7 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
     barriers = gradient_barriers(analysis.graph)
     if not barriers or not analysis.pinned_order:
         return None
-    return analyze_graph(split_barriers(analysis.graph, barriers), loss=analysis.anatomy.loss,
+    loss = barrier_source(analysis.graph, analysis.anatomy.loss, barriers)  # a custom gradient's loss: its input
+    return analyze_graph(split_barriers(analysis.graph, barriers), loss=loss,
                          op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                          inter_op_threads=1, loop_swaps=analysis.loop_swaps)

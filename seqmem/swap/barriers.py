@@ -33,7 +33,7 @@ import dataclasses
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import writes_variable
 
-__all__ = ["gradient_barriers", "split_barriers"]
+__all__ = ["barrier_source", "gradient_barriers", "split_barriers"]
 
 _BARRIER_OPS = frozenset(["IdentityN"])
 _MIN_INPUTS = 2  # a one-input IdentityN joins nothing
@@ -44,6 +44,15 @@ def gradient_barriers(graph: Graph) -> tuple[str, ...]:
     inputs, in graph order."""
     return tuple(name for name, node in graph.nodes.items()
                  if node.op in _BARRIER_OPS and len(node.inputs) >= _MIN_INPUTS)
+
+
+def barrier_source(graph: Graph, ref: TensorRef, names: tuple[str, ...]) -> TensorRef:
+    """The tensor `ref` is once the barriers `names` are split: `ref` itself unless a barrier makes it, else
+    that barrier's matching input (output i of an `IdentityN` is its input i), through barriers that read
+    barriers. A `tf.custom_gradient`'s outputs, a loss among them, pass through such an `IdentityN`."""
+    while ref.node in names:
+        ref = graph.node(ref.node).inputs[ref.index]
+    return ref
 
 
 def split_barriers(graph: Graph, names: tuple[str, ...]) -> Graph:
@@ -61,9 +70,7 @@ def split_barriers(graph: Graph, names: tuple[str, ...]) -> Graph:
     barriers = {name: graph.node(name) for name in names}
 
     def source(ref: TensorRef) -> TensorRef:
-        while ref.node in barriers:  # a barrier may read another
-            ref = barriers[ref.node].inputs[ref.index]
-        return ref
+        return barrier_source(graph, ref, names)
 
     def waits_for(name: str) -> tuple[str, ...]:
         if name not in barriers:

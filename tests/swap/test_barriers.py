@@ -1,7 +1,7 @@
 import pytest
 
 from seqmem.ir.graph import TensorRef
-from seqmem.swap.barriers import gradient_barriers, split_barriers
+from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
 from tests.builders import graph, node
 
 
@@ -78,3 +78,40 @@ def test_an_update_waits_for_the_backward_ops_that_still_read_its_weight():
     assert split.node("update").control_inputs == ("read", "view", "y", "dx")
     assert "dx" in split.ancestors(["update"])
     split.validate()
+
+
+def test_barrier_source_follows_barriers_to_the_tensor_they_pass_on():
+    g = _optimizer_step()
+    assert barrier_source(g, TensorRef("join", 1), ("join",)) == TensorRef("g2")
+    assert barrier_source(g, TensorRef("join", 1), ()) == TensorRef("join", 1)  # not split
+    assert barrier_source(g, TensorRef("g1"), ("join",)) == TensorRef("g1")
+
+
+def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
+    """tf.custom_gradient returns its outputs through an IdentityN of all its inputs: a barrier whose
+    output 0 is the loss (seqmem.projected_mean_cross_entropy's mean)."""
+    import tensorflow as tf
+
+    from seqmem.analysis import analyze_graph, without_barriers
+    from seqmem.edge import capture
+    from seqmem.softmax_loss import projected_mean_cross_entropy
+
+    kernel = tf.Variable(tf.ones([4, 7]))
+    dense = tf.Variable(tf.ones([4, 4]))
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    optimizer.build([dense, kernel])
+
+    @tf.function
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = projected_mean_cross_entropy(tf.matmul(features, dense), labels, kernel, blocks=2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [dense, kernel]), [dense, kernel]))
+        return loss
+
+    function = step.get_concrete_function(tf.TensorSpec([6, 4]), tf.TensorSpec([6], tf.int32))
+    analysis = analyze_graph(capture.from_tf(function), inter_op_threads=1)
+    loss = analysis.anatomy.loss
+    assert analysis.graph.node(loss.node).op == "IdentityN" and loss.node in gradient_barriers(analysis.graph)
+    split = without_barriers(analysis)
+    assert split is not None and split.anatomy.loss == barrier_source(analysis.graph, loss, (loss.node,))
+    assert split.graph.node(split.anatomy.loss.node).op != "IdentityN"
