@@ -415,7 +415,7 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
                 position: Mapping[str, int], loop_swapped: set[TensorRef]):
     """Feature maps worth trying, longest-lived first, each with the kinds that can conserve it; and the skipped."""
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
-    triggers = TriggerIndex(graph, timing, anatomy.backward)
+    triggers = TriggerIndex(graph, timing, anatomy.backward, position)
     aliases: dict[TensorRef, list[TensorRef]] = {}
     for tensor, owner in trace.buffer_of.items():
         aliases.setdefault(owner, []).append(tensor)

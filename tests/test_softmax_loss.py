@@ -31,6 +31,20 @@ def _keras(features, labels, kernel, bias):
     return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
+def _mean_and_gradients(loss_fn, features, labels, kernel, bias, weights):
+    with tf.GradientTape() as tape:
+        tape.watch(features)
+        mean = loss_fn(features, labels, kernel, bias, weights)
+        scaled = 3.0 * mean  # an incoming gradient other than 1
+    sources = [features, kernel] + ([bias] if bias is not None else [])
+    return [mean, *tape.gradient(scaled, sources)]
+
+
+def _keras_mean(features, labels, kernel, bias, weights):
+    losses = _keras(features, labels, kernel, bias)
+    return tf.reduce_mean(losses) if weights is None else tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
+
+
 @pytest.mark.parametrize("blocks", [1, 2, 4, 15, 40])
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("graph_mode", [False, True])
@@ -47,15 +61,21 @@ def test_losses_and_gradients_match_dense_and_keras_crossentropy(blocks, with_bi
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_unknown_leading_dimensions_use_dynamic_blocks():
+@pytest.mark.parametrize("form", ["per position", "mean"])
+def test_unknown_leading_dimensions_use_dynamic_blocks(form):
     features, labels, kernel, bias, weights = _data(1)
     signature = [tf.TensorSpec([None, None, UNITS], tf.float32), tf.TensorSpec([None, None], tf.int32)]
+    if form == "mean":
+        run, reference, weights = _mean_and_gradients, _keras_mean, None
+        ours = lambda f, l, k, b, w: projected_mean_cross_entropy(f, l, k, b, blocks=4)  # noqa: E731
+    else:
+        run, reference = _losses_and_gradients, _keras
+        ours = lambda *args: projected_sparse_cross_entropy(*args, blocks=4)  # noqa: E731
 
     @tf.function(input_signature=signature)
     def both(features, labels):
-        ours = lambda *args: projected_sparse_cross_entropy(*args, blocks=4)  # noqa: E731
-        return (_losses_and_gradients(_keras, features, labels, kernel, bias, weights),
-                _losses_and_gradients(ours, features, labels, kernel, bias, weights))
+        return (run(reference, features, labels, kernel, bias, weights),
+                run(ours, features, labels, kernel, bias, weights))
 
     expected, got = both(features, labels)
     for a, b in zip(expected, got):
@@ -115,20 +135,6 @@ def test_bad_input_is_a_clear_error(call, message):
         call(features, labels, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
 
 
-def _mean_and_gradients(loss_fn, features, labels, kernel, bias, weights):
-    with tf.GradientTape() as tape:
-        tape.watch(features)
-        mean = loss_fn(features, labels, kernel, bias, weights)
-        scaled = 3.0 * mean  # an incoming gradient other than 1
-    sources = [features, kernel] + ([bias] if bias is not None else [])
-    return [mean, *tape.gradient(scaled, sources)]
-
-
-def _keras_mean(features, labels, kernel, bias, weights):
-    losses = _keras(features, labels, kernel, bias)
-    return tf.reduce_mean(losses) if weights is None else tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
-
-
 @pytest.mark.parametrize("blocks", [1, 4, 40])
 @pytest.mark.parametrize("with_bias, weighted", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("graph_mode", [False, True])
@@ -143,21 +149,6 @@ def test_mean_and_its_gradients_match_keras_mean_crossentropy(blocks, with_bias,
     # float32; the mean and the parameters' gradients are summed block by block instead of in one reduction
     for name, a, b in zip(["mean", "features", "kernel", "bias"], expected, got):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-def test_mean_with_unknown_leading_dimensions():
-    features, labels, kernel, bias, weights = _data(5)
-    signature = [tf.TensorSpec([None, None, UNITS], tf.float32), tf.TensorSpec([None, None], tf.int32)]
-
-    @tf.function(input_signature=signature)
-    def both(features, labels):
-        ours = lambda f, l, k, b, w: projected_mean_cross_entropy(f, l, k, b, blocks=4)  # noqa: E731
-        return (_mean_and_gradients(_keras_mean, features, labels, kernel, bias, None),
-                _mean_and_gradients(ours, features, labels, kernel, bias, None))
-
-    expected, got = both(features, labels)
-    for a, b in zip(expected, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_mean_forms_its_gradients_in_forward_and_recomputes_no_logits():

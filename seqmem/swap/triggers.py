@@ -5,13 +5,16 @@ trigger is the backward node with the latest estimated completion time such
 that completion + transfer time <= the start of the first consumer, so the copy
 overlaps computation yet arrives as late as possible. A trigger must not depend
 on the consumer (that would be a cycle): only nodes earlier than the consumer in
-topological order qualify, which guarantees it.
+the order the step runs in qualify, which guarantees it. For a step pinned to an
+order that order is the one: a trigger earlier in some other topological order
+but later in the pinned one would make the pinned chain and the swap-in wait for
+each other.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from seqmem.critical_path import Timing
@@ -23,19 +26,23 @@ __all__ = ["TriggerIndex"]
 @dataclass(frozen=True)
 class _Candidate:
     completion_s: float
-    topo_index: int
+    position: int
     name: str
 
 
 class TriggerIndex:
     """Backward nodes sorted by estimated completion time, for repeated trigger queries."""
 
-    def __init__(self, graph: Graph, timing: Timing, backward: Iterable[str]) -> None:
-        self._topo = {name: i for i, name in enumerate(graph.topological_order())}
+    def __init__(self, graph: Graph, timing: Timing, backward: Iterable[str],
+                 position: Mapping[str, int] | None = None) -> None:
+        """position: each node's place in the order the step runs in (a schedule or a pinned order, every
+        node of `graph`); the graph's topological order when None."""
+        self._position = position if position is not None else {
+            name: i for i, name in enumerate(graph.topological_order())}
         self._timing = timing
         candidates = sorted(
-            (_Candidate(timing.completion_s[n], self._topo[n], n) for n in backward),
-            key=lambda c: (c.completion_s, c.topo_index),
+            (_Candidate(timing.completion_s[n], self._position[n], n) for n in backward),
+            key=lambda c: (c.completion_s, c.position),
         )
         self._candidates = candidates
         self._completions = [c.completion_s for c in candidates]
@@ -46,13 +53,13 @@ class TriggerIndex:
         Returns (None, False) when no backward node precedes the consumers.
         """
         consumers = list(consumers)
-        first = min(consumers, key=lambda n: (self._timing.start_s[n], self._topo[n]))
-        limit = min(self._topo[n] for n in consumers)
+        first = min(consumers, key=lambda n: (self._timing.start_s[n], self._position[n]))
+        limit = min(self._position[n] for n in consumers)
         start = self._timing.start_s[first]
         for deadline, hidden in ((start - transfer_s, True), (start, False)):
-            position = bisect.bisect_right(self._completions, deadline)
-            for index in range(position - 1, -1, -1):
+            done_by_deadline = bisect.bisect_right(self._completions, deadline)
+            for index in range(done_by_deadline - 1, -1, -1):
                 candidate = self._candidates[index]
-                if candidate.topo_index < limit:
+                if candidate.position < limit:
                     return candidate.name, hidden
         return None, False

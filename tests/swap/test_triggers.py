@@ -33,3 +33,15 @@ def test_trigger_never_depends_on_a_consumer():
     g, timing, backward = _backward_chain()
     trigger, _ = TriggerIndex(g, timing, backward).choose(["b3", "b4"], 0.0)
     assert trigger not in g.descendants(["b3"]) and trigger != "b3"
+
+
+def test_a_pinned_step_takes_its_trigger_from_before_the_consumer_in_the_pinned_order():
+    """x finishes (3 s) long before c starts (7 s) and precedes c in the graph's topological order, but the
+    step is pinned to run c first: x as c's trigger would make c wait for x and the pinned chain x for c."""
+    g = graph(node("f"), node("b1", inputs=["f"]), node("x", inputs=["b1"]), node("slow", inputs=["b1"]),
+              node("c", inputs=["b1", "f", "slow"]))
+    timing = analyze_timing(g, {"f": 1.0, "b1": 1.0, "x": 1.0, "slow": 5.0, "c": 1.0})
+    backward = ["b1", "x", "slow", "c"]
+    assert TriggerIndex(g, timing, backward).choose(["c"], 0.5) == ("x", True)
+    pinned = {name: i for i, name in enumerate(["f", "b1", "slow", "c", "x"])}
+    assert TriggerIndex(g, timing, backward, pinned).choose(["c"], 0.5) == ("b1", True)
