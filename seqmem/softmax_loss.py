@@ -142,6 +142,7 @@ def _block_gradients(features, labels, parameters, row_scale, after):
 
 
 def _summed(totals: list, block: list) -> list:
+    """The running sums of the parameters' gradients with one more block's added (None: no block yet)."""
     return [b if total is None else total + b for total, b in zip(totals, block)]
 
 

@@ -208,5 +208,6 @@ def format_report(report: dict[str, Any]) -> str:
             lines += [f"note ({row['layers']} layers, {variant}): {note}" for note in notes]
     return "\n".join(lines)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,8 +8,8 @@ from seqmem.files import save_figure
 from seqmem.runtime.device import BudgetRun
 from seqmem.units import MIB
 
-__all__ = ["EXECUTORS", "alternating_medians", "batch_chart", "measured_cell", "measured_heading", "median_run", "ratio", "search_settings",
-           "value_or_verdict"]
+__all__ = ["EXECUTORS", "alternating_medians", "batch_chart", "measured_cell", "measured_heading", "median_run",
+           "ratio", "search_settings", "value_or_verdict"]
 
 
 EXECUTORS = ("one-stream", "pool")  # the emulated device's executor settings, as the benchmarks' --executor
