@@ -6,32 +6,65 @@ import tensorflow as tf
 import tensorflow_addons as tfa
 
 from seqmem.edge.loop_swap import loop_accumulators
+from seqmem.lstm_sequence import _blocks
+from seqmem.runtime.optimize import optimize
 from seqmem.recurrent import MemoryEfficientGRU, MemoryEfficientGRUCell, MemoryEfficientLSTM, MemoryEfficientLSTMCell
 
 PAIRS = [(tf.keras.layers.LSTM, MemoryEfficientLSTM), (tf.keras.layers.GRU, MemoryEfficientGRU)]
 
 
-def _outputs_and_gradients(layer, inputs):
+def _outputs_and_gradients(layer, inputs, mask=None):
     with tf.GradientTape() as tape:
         tape.watch(inputs)
-        outputs = layer(inputs)
-        loss = tf.reduce_sum(outputs[0] * tf.range(1.0, 1.0 + outputs[0].shape[-1]))
+        outputs = layer(inputs, mask=mask)
+        loss = tf.reduce_sum(outputs[0] * tf.range(1.0, 1.0 + outputs[0].shape[-1])) + tf.reduce_sum(outputs[-1])
     return [o.numpy() for o in outputs], [g.numpy() for g in tape.gradient(loss, [inputs, *layer.trainable_variables])]
 
 
+# no option: the LSTM runs seqmem.lstm_sequence; a mask or go_backwards: the memory-efficient cell step by step
+@pytest.mark.parametrize("options", [{}, {"mask": True}, {"go_backwards": True}])
 @pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
-def test_same_weights_outputs_and_gradients_as_keras(keras_class, efficient_class):
+def test_same_weights_outputs_and_gradients_as_keras(keras_class, efficient_class, options):
     inputs = tf.random.stateless_normal([3, 7, 5], seed=[1, 2])
+    mask = tf.sequence_mask([7, 5, 2], 7) if options.get("mask") else None
     results = []
     for cls in (keras_class, efficient_class):
         tf.keras.utils.set_random_seed(0)
-        layer = cls(4, return_sequences=True, return_state=True, name="rnn")
-        results.append((layer, *_outputs_and_gradients(layer, inputs)))
+        layer = cls(4, return_sequences=True, return_state=True, go_backwards=options.get("go_backwards", False),
+                    name="rnn")
+        results.append((layer, *_outputs_and_gradients(layer, inputs, mask)))
     (keras_layer, outputs, gradients), (layer, efficient_outputs, efficient_gradients) = results
     assert [v.name for v in layer.weights] == [v.name for v in keras_layer.weights]
     assert [v.shape for v in layer.weights] == [v.shape for v in keras_layer.weights]
     for a, b in zip(outputs + gradients, efficient_outputs + efficient_gradients):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)  # the same maths, fused or step by step
+
+
+@pytest.mark.parametrize("batch, steps", [(2, 40), (48, 40), (5, 37)])
+def test_the_lstm_sequence_matches_keras_in_blocks_and_with_unknown_shapes(batch, steps):
+    """Blocks of 20 steps (2 of them), of 1 (48 x 40 is over BLOCK_ROWS, so one step a block) and of 37 (a
+    prime number of steps); and the same traced with the time and batch dimensions unknown."""
+    inputs = tf.random.stateless_normal([batch, steps, 6], seed=[3, 5])
+    results = []
+    for cls in (tf.keras.layers.LSTM, MemoryEfficientLSTM):
+        tf.keras.utils.set_random_seed(1)
+        layer = cls(8, return_sequences=True, return_state=True)
+        layer(inputs)
+
+        def step(x, layer=layer):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                outputs = layer(x)
+                loss = tf.reduce_sum(outputs[0] * tf.range(1.0, 9.0)) + tf.reduce_sum(outputs[2])
+            return outputs, tape.gradient(loss, [x, *layer.trainable_variables])
+
+        unknown = tf.function(step, input_signature=[tf.TensorSpec([None, None, 6])])
+        results.append([tf.nest.flatten(run(inputs)) for run in (tf.function(step), unknown)])
+    for keras_values, efficient_values in zip(*results):
+        for a, b in zip(keras_values, efficient_values):
+            # the weights' gradients are summed over blocks of steps, not step by step: float32 rounding,
+            # within 2e-6 of the tensor's largest value (5e-7 seen)
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=2e-6 * np.abs(a.numpy()).max())
 
 
 @pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
@@ -56,16 +89,17 @@ def test_dropout_is_refused_with_a_clear_error(efficient_class):
 
 def _saved_bytes_per_step(layer_class, units=16, batch=4):
     """Bytes the layer's loop saves per time step for its gradient (float TensorList accumulators), and the
-    `parallel_iterations` of the step's forward loops."""
+    `parallel_iterations` of the step's forward loops; the inputs masked, so that both LSTMs run a cell step
+    by step in Keras' loop."""
     tf.keras.utils.set_random_seed(0)
     layer = layer_class(units)
-    inputs = tf.random.stateless_normal([batch, 6, 8], seed=[5, 6])
-    layer(inputs)
+    inputs, mask = tf.random.stateless_normal([batch, 6, 8], seed=[5, 6]), tf.sequence_mask([6, 5, 4, 6], 6)
+    layer(inputs, mask=mask)
 
     @tf.function(autograph=False)
     def step(x):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(layer(x))
+            loss = tf.reduce_sum(layer(x, mask=mask))
         return tape.gradient(loss, layer.trainable_variables)
 
     graph_def = step.get_concrete_function(inputs).graph.as_graph_def()
@@ -75,7 +109,7 @@ def _saved_bytes_per_step(layer_class, units=16, batch=4):
 
 
 @pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
-def test_the_loop_saves_less_per_step_and_runs_forward_one_iteration_at_a_time(keras_class, efficient_class):
+def test_the_cells_loop_saves_less_per_step_and_runs_forward_one_iteration_at_a_time(keras_class, efficient_class):
     class StepByStep(keras_class):  # Keras' own cell in the same generic loop: only the differentiation differs
         def __init__(self, units):
             super().__init__(units)
@@ -84,6 +118,53 @@ def test_the_loop_saves_less_per_step_and_runs_forward_one_iteration_at_a_time(k
     (keras_bytes, keras_loops), (efficient_bytes, loops) = map(_saved_bytes_per_step, (StepByStep, efficient_class))
     assert 0 < efficient_bytes <= keras_bytes / 2, (keras_bytes, efficient_bytes)
     assert keras_loops == {32} and loops == {1}
+
+
+def _predicted_peak_bytes(layer_class, steps):
+    """The simulator's peak for a gradient step of two stacked layers (64 units, batch 32)."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([layer_class(64, return_sequences=True) for _ in range(2)])
+    spec = tf.TensorSpec([32, steps, 16])
+    model(tf.zeros(spec.shape))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        return tape.gradient(loss, model.trainable_variables)
+
+    return optimize(step, 1e6, input_signature=[spec], calibrate=False).plan.predicted_peak_before_bytes
+
+
+def test_the_lstm_sequence_keeps_a_quarter_of_kerass_memory_per_step():
+    """Predicted growth of the peak from 40 to 80 steps, in [batch, units] tensors per step: Keras' LSTM about
+    24 for its two layers, the memory-efficient one about 5 (each layer's input, h and c, and their gradients'
+    transposes)."""
+    step_bytes = 32 * 64 * 4
+    keras, efficient = ((_predicted_peak_bytes(cls, 80) - _predicted_peak_bytes(cls, 40)) / 40 / step_bytes
+                        for cls in (tf.keras.layers.LSTM, MemoryEfficientLSTM))
+    assert efficient <= keras / 4, (keras, efficient)
+
+
+def test_the_lstm_sequence_runs_its_loops_one_iteration_at_a_time_in_equal_blocks():
+    assert [_blocks(tf.zeros([steps, batch, 1]))[1:] for steps, batch in [(35, 128), (35, 53), (37, 128), (35, 2000)]
+            ] == [(7, 5), (7, 5), (1, 37), (1, 35)]
+    layer = MemoryEfficientLSTM(8)
+    inputs = tf.zeros([4, 10, 3])
+    layer(inputs)
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    graph = step.get_concrete_function(inputs).graph
+    loops = [op for function in graph._functions.values() for op in function.graph.get_operations()
+             if op.type in ("While", "StatelessWhile")]
+    loops += [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert len(loops) == 4 and {op.get_attr("parallel_iterations") for op in loops} == {1}  # two nested, each pass
+    assert not loop_accumulators(graph.as_graph_def())  # nothing saved element by element
 
 
 @pytest.mark.parametrize("keras_cell, efficient_cell", [(tf.keras.layers.LSTMCell, MemoryEfficientLSTMCell),
