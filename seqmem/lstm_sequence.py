@@ -4,12 +4,13 @@
 time-major inputs and keeps for backward only the inputs and each step's h and c, as
 `seqmem.MemoryEfficientLSTM` promises; backward recomputes a step's gates from them (Gruslys et al. 2016).
 
-The matrix products that do not wait on the recurrence run for a block of steps at once, `BLOCK_ROWS`
-rows (steps x batch) or the batch if larger: x·W in both passes, and in backward dz·Wᵀ, xᵀ·dz, hᵀ·dz and
-the bias' sum. Only h·U, its recomputation and dz·Uᵀ run step by step. A small batch's per-step product
-runs at a fraction of a block's rate (2 Intel Xeon cores, 650 units, batch 128, float32: 300-330 GFLOP/s
-for xᵀ·dz and dz·Wᵀ one step at a time, 430-480 for 8 steps at once), which pays for most of the
-recomputation. A block's transients are its x·W and its gate gradients, [steps, batch, 4 x units] each.
+The matrix products that do not wait on the recurrence run for a block of steps at once, up to
+`BLOCK_ROWS` rows (steps x batch), or one step where the batch is as large: x·W in both passes, and in
+backward dz·Wᵀ, xᵀ·dz, hᵀ·dz and the bias' sum. Only h·U, its recomputation and dz·Uᵀ run step by step.
+A small batch's per-step product runs at a fraction of a block's rate (2 Intel Xeon cores, 650 units, batch
+128, float32: 300-330 GFLOP/s for xᵀ·dz and dz·Wᵀ one step at a time, 430-480 for 8 steps at once), which
+pays for most of the recomputation. A block's transients in backward are its x·W, its gate gradients and
+their stacked copy, [steps, batch, 4 x units] each.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 __all__ = ["BLOCK_ROWS", "lstm_sequence"]
 
-BLOCK_ROWS = 1024
+BLOCK_ROWS = 1536
 
 Activation = Callable[[tf.Tensor], tf.Tensor]
 
@@ -73,9 +74,10 @@ def _input_products(x_block: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 
 
 def _blocks(x: tf.Tensor) -> tuple:
-    """(steps, steps per block, number of blocks) for time-major `x`. With static steps and batch the blocks
-    are equal, as long as a divisor of the steps allows within `BLOCK_ROWS` rows (one step at least), so that
-    every tensor has a static shape (which the simulator sizes); otherwise tensors of `tf.shape`."""
+    """(steps, steps per block, number of blocks) for time-major `x`: as many steps as fit in `BLOCK_ROWS`
+    rows, one at least. With static steps and batch, the largest divisor of the steps that fits, so that the
+    blocks are equal and every tensor has a static shape (which the simulator sizes); otherwise tensors of
+    `tf.shape`, the last block shorter."""
     steps, batch = x.shape[0], x.shape[1]
     if steps is not None and batch is not None:
         length = max(d for d in range(1, steps + 1) if steps % d == 0 and (d == 1 or d * batch <= BLOCK_ROWS))
@@ -138,7 +140,8 @@ def _backward(x, h0, c0, w, u, b, activations, hs, cs, d_hs, d_c):
         h_before = _with_steps(_before(hs, h0, start, end), length)
         c_before = _with_steps(_before(cs, c0, start, end), length)
         xw = _input_products(x_block, w)
-        dzs = tf.TensorArray(x.dtype, size=end - start, element_shape=xw.shape[1:])
+        size = length if isinstance(length, int) else end - start  # static: the simulator sizes the list
+        dzs = tf.TensorArray(x.dtype, size=size, element_shape=xw.shape[1:])
 
         def step(t, dh, dc, dzs):
             i = t - start
