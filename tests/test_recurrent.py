@@ -40,6 +40,20 @@ def test_same_weights_outputs_and_gradients_as_keras(keras_class, efficient_clas
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)  # the same maths, fused or step by step
 
 
+@pytest.mark.parametrize("options", [{"use_bias": False}, {"time_major": True}, {"return_sequences": False},
+                                     {"activation": "relu", "recurrent_activation": "hard_sigmoid"}])
+def test_the_lstm_sequence_matches_keras_with_the_layers_options(options):
+    inputs = tf.random.stateless_normal([3, 7, 5], seed=[1, 2])
+    results = []
+    for cls in (tf.keras.layers.LSTM, MemoryEfficientLSTM):
+        tf.keras.utils.set_random_seed(0)
+        layer = cls(4, return_state=True, **({"return_sequences": True} | options))
+        results.append(_outputs_and_gradients(layer, inputs))
+    (outputs, gradients), (efficient_outputs, efficient_gradients) = results
+    for a, b in zip(outputs + gradients, efficient_outputs + efficient_gradients):
+        np.testing.assert_allclose(b, a, rtol=0, atol=2e-6 * np.abs(a).max())  # float rounding, as below
+
+
 @pytest.mark.parametrize("batch, steps", [(2, 40), (48, 40), (1100, 6), (5, 37)])
 def test_the_lstm_sequence_matches_keras_in_blocks_and_with_unknown_shapes(batch, steps):
     """One block of 40 steps, two of 20, six of 1 and one of 37 (a prime number of steps); and the same
