@@ -156,13 +156,16 @@ def _backward(x, h0, c0, w, u, b, activations, hs, cs, d_hs, d_c):
                                        parallel_iterations=1)
         dz = tf.reshape(_with_steps(dzs.stack(), length), [-1, 4 * units])
         dxs = dxs.write(j, tf.reshape(tf.matmul(dz, w, transpose_b=True), tf.shape(x_block)))
-        dw += tf.matmul(tf.reshape(x_block, [-1, features]), dz, transpose_a=True)
-        du += tf.matmul(tf.reshape(h_before, [-1, units]), dz, transpose_a=True)
-        return j - 1, dh, dc, dxs, dw, du, db + tf.reduce_sum(dz, 0)
+        sums = (tf.matmul(tf.reshape(x_block, [-1, features]), dz, transpose_a=True),
+                tf.matmul(tf.reshape(h_before, [-1, units]), dz, transpose_a=True), tf.reduce_sum(dz, 0))
+        if dw is not None:
+            sums = (dw + sums[0], du + sums[1], db + sums[2])
+        return (j - 1, dh, dc, dxs) + sums
 
-    start = (count - 1, tf.zeros_like(h0), d_c, dxs, tf.zeros_like(w), tf.zeros_like(u),
-             tf.zeros([4 * units], x.dtype))
-    _, dh0, dc0, dxs, dw, du, db = tf.while_loop(lambda j, *_: j >= 0, block, start, parallel_iterations=1)
+    # The last block starts the weights' sums: zeros of their shapes would be folded by Grappler into
+    # constants, which an instantiated function holds across steps (two per layer, [units, 4 x units] each).
+    last = block(tf.convert_to_tensor(count - 1), tf.zeros_like(h0), d_c, dxs, None, None, None)
+    _, dh0, dc0, dxs, dw, du, db = tf.while_loop(lambda j, *_: j >= 0, block, last, parallel_iterations=1)
     dx = dxs.concat()
     dx.set_shape(x.shape)
     return dx, dh0, dc0, dw, du, db

@@ -178,8 +178,13 @@ def test_the_lstm_sequence_runs_its_loops_one_iteration_at_a_time_in_equal_block
     loops = [op for function in graph._functions.values() for op in function.graph.get_operations()
              if op.type in ("While", "StatelessWhile")]
     loops += [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-    assert len(loops) == 4 and {op.get_attr("parallel_iterations") for op in loops} == {1}  # two nested, each pass
+    # two nested in each pass, and the steps of backward's last block, which starts the weights' sums
+    assert len(loops) == 5 and {op.get_attr("parallel_iterations") for op in loops} == {1}
     assert not loop_accumulators(graph.as_graph_def())  # nothing saved element by element
+    # no zeros of a weight's shape, which Grappler would fold into a constant the function keeps across steps
+    weight_shapes = [v.shape for v in layer.weights if v.shape.rank == 2]
+    assert not [op.name for op in graph.get_operations() if op.type in ("Const", "Fill", "ZerosLike")
+                and op.outputs[0].consumers() and any(op.outputs[0].shape == shape for shape in weight_shapes)]
 
 
 @pytest.mark.parametrize("keras_cell, efficient_cell", [(tf.keras.layers.LSTMCell, MemoryEfficientLSTMCell),
