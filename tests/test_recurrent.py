@@ -160,12 +160,18 @@ def test_the_lstm_sequence_keeps_less_than_half_of_kerass_memory_per_step():
     assert efficient <= keras / 2, (keras, efficient)
 
 
-def test_the_lstm_sequence_runs_its_loops_one_iteration_at_a_time_in_equal_blocks():
+def test_blocks_are_equal_divisors_of_the_steps_within_block_rows():
     cases = [(35, 128), (35, 272), (35, 53), (37, 128), (35, 2000)]
     assert [_blocks(tf.zeros([steps, batch, 1]))[1:] for steps, batch in cases] == [(7, 5), (5, 7), (7, 5), (1, 37),
                                                                                       (1, 35)]
+
+
+# one block: each pass a loop over blocks holding one over steps, but backward's loop over blocks left out;
+# five blocks: backward's last block runs before its loop over the others and starts the weights' sums
+@pytest.mark.parametrize("batch, loop_count", [(4, 3), (400, 5)])
+def test_the_lstm_sequence_runs_its_loops_one_iteration_at_a_time(batch, loop_count):
     layer = MemoryEfficientLSTM(8)
-    inputs = tf.zeros([4, 10, 3])
+    inputs = tf.zeros([batch, 10, 3])
     layer(inputs)
 
     @tf.function(autograph=False)
@@ -178,8 +184,7 @@ def test_the_lstm_sequence_runs_its_loops_one_iteration_at_a_time_in_equal_block
     loops = [op for function in graph._functions.values() for op in function.graph.get_operations()
              if op.type in ("While", "StatelessWhile")]
     loops += [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-    # two nested in each pass, and the steps of backward's last block, which starts the weights' sums
-    assert len(loops) == 5 and {op.get_attr("parallel_iterations") for op in loops} == {1}
+    assert len(loops) == loop_count and {op.get_attr("parallel_iterations") for op in loops} == {1}
     assert not loop_accumulators(graph.as_graph_def())  # nothing saved element by element
     # no zeros of a weight's shape, which Grappler would fold into a constant the function keeps across steps
     weight_shapes = [v.shape for v in layer.weights if v.shape.rank == 2]
