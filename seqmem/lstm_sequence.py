@@ -165,7 +165,8 @@ def _backward(x, h0, c0, w, u, b, activations, hs, cs, d_hs, d_c):
     # The last block starts the weights' sums: zeros of their shapes would be folded by Grappler into
     # constants, which an instantiated function holds across steps (two per layer, [units, 4 x units] each).
     last = block(tf.convert_to_tensor(count - 1), tf.zeros_like(h0), d_c, dxs, None, None, None)
-    if isinstance(count, int) and count == 1:  # one block: no loop (the simulator would charge a loop one iteration, even of none)
+    # One block: no loop over the others (the simulator charges a loop one iteration, even where it runs none).
+    if isinstance(count, int) and count == 1:
         _, dh0, dc0, dxs, dw, du, db = last
     else:
         _, dh0, dc0, dxs, dw, du, db = tf.while_loop(lambda j, *_: j >= 0, block, last, parallel_iterations=1)
