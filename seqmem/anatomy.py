@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from seqmem.errors import GraphError, NoBackwardPassError
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import is_persistent_op
 
 __all__ = ["StepAnatomy", "analyze_step", "GRADIENT_SCOPE"]
 
@@ -81,7 +80,7 @@ def _resolve_loss(graph: Graph, loss: str | TensorRef | None, backward: frozense
         ref
         for ref in graph.tensors()
         if ref.node not in backward
-        and not is_persistent_op(graph.node(ref.node).op)
+        and not graph.node(ref.node).persistent
         and graph.tensor(ref).shape == ()
         and graph.tensor(ref).dtype in _FLOAT_DTYPES
     ]
@@ -124,7 +123,7 @@ def _holds_activation(graph: Graph, ref: TensorRef) -> bool:
     """False for persistent tensors and views of them (e.g. ReadVariableOp of a variable)."""
     while True:
         node = graph.node(ref.node)
-        if is_persistent_op(node.op) or node.op == "ReadVariableOp":
+        if node.persistent or node.op == "ReadVariableOp":
             return False
         source = view_source(node, ref.index)
         if source is None:

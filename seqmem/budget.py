@@ -41,7 +41,7 @@ from seqmem.critical_path import MachineModel, transfer_time_s
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError, SimulatedOutOfMemoryError
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS, is_persistent_op
+from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
 from seqmem.swap.plan import LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
@@ -545,7 +545,7 @@ def _kept_until(graph: Graph, ref: TensorRef, position: Mapping[str, int]) -> fl
     source = ref
     while (view := view_source(graph.node(source.node), source.index)) is not None:
         source = view
-    if is_persistent_op(graph.node(source.node).op) or ref in graph.outputs:
+    if graph.node(source.node).persistent or ref in graph.outputs:
         return float("inf")
     readers = [position[r] for r in graph.consumers(ref) if graph.node(r).op not in SHAPE_OPS]
     return max(readers, default=-1)

@@ -41,7 +41,7 @@ from seqmem.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, is_persistent_op
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.simulator import simulate
 
@@ -83,7 +83,7 @@ def body_bytes(graph_def: graph_pb2.GraphDef) -> dict[str, int]:
 def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
     """Peak live bytes of a loop body's own tensors, list elements aside (`nested` bytes charged to its
     loops and calls), plus its constants' bytes."""
-    constants = sum(info.size_bytes or 0 for node in body.nodes.values() if node.op == "Const"
+    constants = sum(info.size_bytes or 0 for node in body.nodes.values() if node.op == "Const" or node.folded
                     for info in node.outputs)
     listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
     listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
@@ -101,7 +101,7 @@ def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) 
             ref = view_source(body.node(ref.node), ref.index)
     returned_bytes = sum(body.tensor(ref).size_bytes or 0 for ref in owners
                          if view_source(body.node(ref.node), ref.index) is None
-                         and not is_persistent_op(body.node(ref.node).op))
+                         and not body.node(ref.node).persistent)
     return max(0, _peak_without(body, set(), nested) - returned_bytes)
 
 

@@ -23,7 +23,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 from seqmem.edge import capture
 from seqmem.ir.graph import Graph, Node
-from seqmem.ir.op_tables import INPLACE_OPS, VIEW_OPS, is_persistent_op
+from seqmem.ir.op_tables import INPLACE_OPS, VIEW_OPS
 from seqmem.runtime import device, stall_watch
 
 __all__ = ["measure_scratch_bytes"]
@@ -77,7 +77,7 @@ def _measure_here(graph: Graph, names: list[str] | None) -> dict[str, int]:
 
 
 def _worth_probing(graph: Graph, node: Node) -> bool:
-    if node.op in VIEW_OPS or node.op in INPLACE_OPS or node.op in _SKIPPED_OPS or is_persistent_op(node.op):
+    if node.op in VIEW_OPS or node.op in INPLACE_OPS or node.op in _SKIPPED_OPS or node.persistent:
         return False
     if node.control_inputs and not node.outputs:
         return False

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from seqmem.errors import GraphError
-from seqmem.ir.op_tables import LOOP_BACK_OPS, LOOP_MERGE_OPS, VIEW_OPS
+from seqmem.ir.op_tables import LOOP_BACK_OPS, LOOP_MERGE_OPS, VIEW_OPS, is_persistent_op
 
 __all__ = ["Graph", "Node", "TensorInfo", "TensorRef", "view_source"]
 
@@ -78,6 +78,8 @@ class Node:
     constant_bytes: bytes of device memory the function this node calls holds in
     constants once instantiated, across steps (`seqmem.edge.folded_constants`);
     0 for other ops.
+    folded: TensorFlow replaces this node with a constant it keeps, so its outputs
+    stay on the device across steps (`seqmem.edge.folded_constants`).
     attrs, extras: opaque values (TensorFlow protos) seqmem carries but does not read,
     except through the capture module.
     """
@@ -92,6 +94,13 @@ class Node:
     extras: Mapping[str, Any] = field(default_factory=dict, compare=False)
     resource_bytes: int = 0
     constant_bytes: int = 0
+    folded: bool = False
+
+    @property
+    def persistent(self) -> bool:
+        """Whether this node's outputs stay on the device across steps: parameters, constants, inputs and
+        folded nodes."""
+        return self.folded or is_persistent_op(self.op)
 
 
 class Graph:

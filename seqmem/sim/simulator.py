@@ -16,7 +16,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
   scratch, and a function call's body as the call's (`seqmem.edge.bodies`).
   A list's elements are buffers of their own (`TensorInfo.element_bytes`):
   the allocator model places each one.
-- Parameters, constants, inputs, variables behind resource handles and the
+- Parameters, constants, inputs, variables behind resource handles, the
+  outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
   counted once, for the whole step.
 - While a node runs, its inputs, its outputs and its scratch memory
@@ -39,8 +40,7 @@ from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS,
-                                 is_persistent_op)
+from seqmem.ir.op_tables import FORWARDING_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS, LOOP_MERGE_OPS
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.sim.scratch import static_scratch_bytes
 
@@ -268,7 +268,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             release(buffer_of[node.inputs[index]], step)
 
         new_buffers = []
-        persistent = is_persistent_op(node.op)
+        persistent = node.persistent
         for index, info in enumerate(node.outputs):
             ref = TensorRef(name, index)
             size = info.size_bytes

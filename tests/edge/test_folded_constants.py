@@ -1,10 +1,11 @@
-"""seqmem.edge.folded_constants: constants a called function holds once TensorFlow has folded its body."""
+"""seqmem.edge.folded_constants: constants a step and its called functions hold once TensorFlow has folded them."""
 
 import tensorflow as tf
 
 from seqmem.edge.capture import from_tf
-from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, call_constant_bytes
+from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, call_constant_bytes, folded_ops
 from seqmem.edge.library import FunctionBodies
+from seqmem.sim.simulator import simulate
 
 _SPEC = tf.TensorSpec([1000], tf.float32)  # 4000 bytes
 
@@ -18,7 +19,7 @@ def _constant_bytes(outer):
 def test_zeros_of_a_known_shape_and_what_folds_from_them_are_held():
     @tf.function(autograph=False)
     def inner(x):
-        return x + tf.zeros_like(x) * 3.0  # ZerosLike becomes a constant, the product folds: one [1000] held
+        return x * (tf.zeros_like(x) + 3.0)  # ZerosLike becomes a constant, the sum folds: one [1000] held
 
     @tf.function(autograph=False)
     def outer(x):
@@ -69,7 +70,7 @@ def test_results_over_the_folding_limit_stay_computed():
 def test_capture_books_them_on_the_call_node():
     @tf.function(autograph=False)
     def inner(x):
-        return x + tf.zeros_like(x) * 3.0
+        return x * (tf.zeros_like(x) + 3.0)
 
     @tf.function(autograph=False)
     def outer(x):
@@ -78,3 +79,29 @@ def test_capture_books_them_on_the_call_node():
     graph = from_tf(outer, [_SPEC])
     calls = [node for node in graph.nodes.values() if node.op in ("PartitionedCall", "StatefulPartitionedCall")]
     assert len(calls) == 1 and calls[0].constant_bytes >= 4000
+
+
+def test_zeros_added_and_ones_multiplied_are_simplified_away():
+    # Grappler replaces x + 0 and x * 1 by x (measured on the emulated device: nothing held)
+    @tf.function(autograph=False)
+    def inner(x):
+        return (x + tf.zeros_like(x)) * tf.ones_like(x) + tf.fill([1000], 0.0)
+
+    @tf.function(autograph=False)
+    def outer(x):
+        return inner(x)
+
+    assert max(_constant_bytes(outer).values()) == 0
+
+
+def test_the_steps_own_folded_nodes_are_persistent():
+    # measured on the emulated device: a step reading fill([2048, 1024], 3.0) holds its 8 MB across steps
+    @tf.function(autograph=False)
+    def step(x):
+        return tf.reduce_sum(x * tf.fill([1000], 3.0, name="threes") + tf.zeros_like(x))
+
+    assert folded_ops(step.get_concrete_function(_SPEC).graph) == {"threes"}  # the zeros are simplified away
+    graph = from_tf(step, [_SPEC])
+    assert graph.node("threes").folded and graph.node("threes").persistent
+    trace = simulate(graph, graph.topological_order())
+    assert trace.busiest().persistent_bytes >= 2 * 4000  # the input and the folded fill
