@@ -118,9 +118,11 @@ TF1_CONTROL_FLOW_OPS = frozenset([
 ])
 
 # Element-wise ops whose kernels write into an input buffer of the same size
-# when that input has no other reader left (forward_input_or_allocate_output).
+# when that input has no other reader left (forward_input_or_allocate_output;
+# AddN tries each input in turn, `kernels/aggregate_ops.h`).
 INPLACE_OPS = frozenset([
     "Add",
+    "AddN",
     "AddV2",
     "BiasAdd",
     "Cast",

@@ -160,3 +160,20 @@ def test_bfc_trace_also_counts_the_exact_tensor_bytes(g):
     assert bfc.tensor_live_bytes == exact.live_bytes == exact.tensor_live_bytes
     assert bfc.tensor_peak_bytes == exact.peak_bytes
     assert bfc.peak_bytes >= exact.peak_bytes
+
+
+def test_add_n_sums_into_an_input_no_one_reads_later():
+    def summed(a_read_later):
+        return graph(
+            node("x", "Placeholder", outputs=(8,)),
+            node("a", "Op", ["x"], outputs=(1000,)),
+            node("b", "Op", ["x"], outputs=(1000,)),
+            node("sum", "AddN", ["a", "b"], outputs=(1000,)),
+            node("out", "Op", ["sum"] + (["a"] if a_read_later else []), outputs=(10,)),
+        )
+
+    trace = simulate(summed(False), _order(summed(False)))
+    assert trace.buffer_of[TensorRef("sum")] == TensorRef("a")
+    assert max(trace.devices[""].live_bytes) == 2000
+    later = simulate(summed(True), _order(summed(True)))  # a has a reader after the sum: b's buffer
+    assert later.buffer_of[TensorRef("sum")] == TensorRef("b")
