@@ -19,7 +19,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
-  counted once, for the whole step.
+  counted once, for the whole step. The step's folded constants are placed
+  before it runs, as TensorFlow allocates them when it instantiates the step.
 - While a node runs, its inputs, its outputs and its scratch memory
   (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
   memory while `order[i]` runs.
@@ -195,9 +196,26 @@ def simulate(
     if scratch_bytes is None:
         scratch_bytes = static_scratch_bytes(graph)
     memories: dict[str, _DeviceMemory] = {}
+    _instantiate(graph, memories, (allocator, limit_bytes))
     if allocator == "bfc":
         _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
     return _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
+
+
+def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
+    """Allocate, in `memories`, the constants TensorFlow folds the step's own nodes into (`Node.folded`): their
+    kernels allocate them when TensorFlow instantiates the step, before it runs, so they stay at the start of
+    the arena, out of the way of the step's buffers. (A called function's constants, `Node.constant_bytes`,
+    are allocated when the call first runs.)"""
+    for name, node in graph.nodes.items():
+        if not node.folded:
+            continue
+        device = _short_device(node.device)
+        if device not in memories:
+            memories[device] = _DeviceMemory(*allocator)
+        for index, info in enumerate(node.outputs):
+            if info.size_bytes:
+                memories[device].allocate_persistent(TensorRef(name, index), info.size_bytes)
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
@@ -279,9 +297,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 pending = reads(ref, late=False) + 1 + (ref in graph_outputs)
             else:
                 pending = len(consumers(ref)) + (ref in graph_outputs)
-            source = view_source(node, index)
+            source = None if node.folded else view_source(node, index)  # a folded node is a Const of its own
             shared = buffer_of.get(source) if source is not None else None
-            if shared is None and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
+            if shared is None and not node.folded and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
                 shared = _forwardable_input(node, _overwritable(node, index), size, buffer_of, swap_by_tensor,
                                             graph_outputs)
             if shared is not None:

@@ -40,7 +40,7 @@ def test_loop_swapped_nmt_step_trains_bit_identically():
     assert all(np.array_equal(a, b) for a, b in zip(weights, optimized_weights))
 
 
-def planned_and_measured(model, budget_mb):
+def planned_and_measured(model, budget_mb, safety_margin=0.1):
     """Child process: `optimize` a step for `budget_mb`: "nmt" (T=50, batch 8, 256 units, vocabulary 1000) or
     "keras lm" (two Keras LSTM layers of 128 units, 35 steps, batch 64, vocabulary 100); its plan, and its
     median measured peak over 3 steps (bytes)."""
@@ -50,7 +50,7 @@ def planned_and_measured(model, budget_mb):
     from seqmem.runtime.measure import timed_steps
 
     step, inputs, specs = _nmt_step(8, 50, 256, vocab=1000) if model == "nmt" else training_step(64, 2, 128, 35, 100)
-    optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=0.1, calibrate=False)
+    optimized = optimize(step, budget_mb, input_signature=specs, safety_margin=safety_margin, calibrate=False)
     peaks, _ = timed_steps(optimized, inputs, 3)
     return optimized.plan, statistics.median(peaks)
 
@@ -74,12 +74,14 @@ def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
     # Keras runs an LSTM's loops in functions that Grappler would trade for the unedited originals
     # (seqmem.edge.library): here the swapped lists must show in the measured peak
     budget_mb = 20
-    run = run_with_budget(planned_and_measured, "keras lm", budget_mb, budget_mb=1024)
+    # planned for 16 MB: the same step's plan for 18 MB (10 lists, 17.9 MB predicted) measured 18.6-20.9 MB in
+    # six processes, a spread the arena's layout makes at this size
+    run = run_with_budget(planned_and_measured, "keras lm", budget_mb, 0.2, budget_mb=1024)
     assert run.ok, run.message
     plan, measured = run.value
     values = [round(v / MIB, 1) for v in (plan.predicted_peak_before_bytes, plan.predicted_peak_after_bytes, measured)]
-    # measured, one stream (2026-11-26): 29.2 MB predicted unswapped; of the 16 lists (two loops of 8), the
-    # first loop's 8 and the second's 3 largest, 17.3 MB predicted, 17.4 MB measured
+    # measured, one stream (2026-11-26, five processes): 29.3 MB predicted unswapped; 13 of the 16 lists (two
+    # loops of 8) swapped, 15.6 MB predicted, 16.0-17.7 MB measured
     assert plan.predicted_peak_before_bytes > 1.3 * budget_mb * MIB and 8 < len(plan.loop_swaps) < 16, values
     assert measured <= budget_mb * MIB and abs(plan.predicted_peak_after_bytes - measured) <= 0.25 * measured, values
 
