@@ -60,7 +60,8 @@ def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, A
         graph_def = optimized.graph_def
         run = graph_def_runner(optimized.function, swap_loop_accumulators(graph_def, loop_accumulators(graph_def)))
         inputs = tf.nest.flatten(inputs)
-        swapped = loop_swapped(optimized.analysis, optimized.analysis.loop_swaps, depth=1)
+        planned = optimized.analysis.pinned() if optimized.plan.pinned_order else optimized.analysis  # as it runs
+        swapped = loop_swapped(planned, planned.loop_swaps, depth=1)
         predicted = simulate_baseline(swapped).trace.peak_bytes
     measured, seconds = timed_steps(run, inputs, steps)
     return {"peak_bytes": measured, "median_step_s": statistics.median(seconds), "predicted_peak_bytes": predicted}

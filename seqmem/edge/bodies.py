@@ -20,6 +20,12 @@ static costs): the NMT step's gradient iteration adds each weight gradient to
 its sum as it comes. A call's nodes run interleaved with the caller's after
 inlining, in no order one body shows: its body runs in topological order.
 
+A gradient loop's body is sized with the element shapes of the lists it pops
+(`seqmem.edge.loop_swap.with_popped_shapes`): TensorFlow's shape inference
+leaves them unknown in the body, and with them the size of what the body
+computes from them (the NMT step's gradient iteration at batch 223: 12.1 MB
+sized without them, 33.8 MB with).
+
 Leaving out the body's arguments (the node's inputs); for a loop, elements it
 reads from or writes to a list (the list's buffers); for a call, its constants
 (held across steps: `seqmem.edge.folded_constants`). What a call returns (the
@@ -40,6 +46,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from seqmem.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
+from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
 from seqmem.sim.schedule import executor_order
@@ -55,7 +62,7 @@ _LIST_READ_OPS = frozenset({"TensorListPopBack", "TensorListGetItem"})
 def body_bytes(graph_def: graph_pb2.GraphDef) -> dict[str, int]:
     """For each while loop and function call among `graph_def`'s own nodes, by node name: the bytes its body
     holds as the module docstring says (nodes whose function is not in the library are left out)."""
-    bodies = FunctionBodies(graph_def.library)
+    bodies = FunctionBodies(with_popped_shapes(graph_def).library)
     measured: dict[tuple[str, bool], int] = {}
 
     def held(function: str, loop: bool) -> int:

@@ -22,6 +22,11 @@ computed in the loop (a variable read shares the variable's buffer: swapping it
 frees nothing), whose list reaches exactly one gradient loop, which only pops
 from it, through no other reader on the way. Every function on that way must be
 called from one place only, so that editing it changes nothing else.
+
+`with_popped_shapes` states, in a copy, the element shape of what each gradient
+body pops, which TensorFlow's shape inference does not carry into the body:
+otherwise everything the gradient body computes from a popped element has an
+unknown shape, and no size.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from seqmem.edge import library
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, VIEW_OPS
 from seqmem.swap.plan import LoopSwap
 
-__all__ = ["loop_accumulators", "swap_loop_accumulators"]
+__all__ = ["loop_accumulators", "swap_loop_accumulators", "with_popped_shapes"]
 
 _FLOAT_TYPES = frozenset({tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum,
                           tf.float64.as_datatype_enum})
@@ -105,6 +110,23 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
     return [found.swap for found in _accumulators(graph_def)]
 
 
+def with_popped_shapes(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """A copy of `graph_def` in which each gradient loop's PopBack of an accumulator with a fully known
+    element shape states that shape (`_output_shapes`, which importing the body applies), variable reads'
+    accumulators included. For sizing the gradient bodies (`seqmem.edge.bodies`); the copy is not run."""
+    shaped = graph_pb2.GraphDef()
+    shaped.CopyFrom(graph_def)
+    for candidate in _accumulators(shaped, computed_only=False):
+        shape = candidate.swap.element_shape
+        if shape is None or None in shape:
+            continue
+        for pop in _pops(candidate.gradient_body, candidate.gradient_index):
+            shapes = pop.attr["_output_shapes"].list.shape
+            del shapes[:]
+            shapes.extend([tf.TensorShape([]).as_proto(), tf.TensorShape(list(shape)).as_proto()])  # list, element
+    return shaped
+
+
 def swap_loop_accumulators(graph_def: graph_pb2.GraphDef, swaps: Sequence[LoopSwap]) -> graph_pb2.GraphDef:
     """A copy of `graph_def` in which each of `swaps` (from `loop_accumulators`) holds host buffers.
     Raises ValueError for a swap that is not among the graph's candidates."""
@@ -140,8 +162,9 @@ def _copy_suffix(swaps: Sequence[LoopSwap]) -> str:
     return f"_seqmem_swapped_{digest}"
 
 
-def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
-    """Every candidate, with the nodes of `graph_def` that make, fill and empty it."""
+def _accumulators(graph_def: graph_pb2.GraphDef, computed_only: bool = True) -> list[_Accumulator]:
+    """Every candidate, with the nodes of `graph_def` that make, fill and empty it; with `computed_only`
+    False, also the accumulators of variable reads."""
     functions = {f.signature.name: f for f in graph_def.library.function}
     calls = Counter(name for n in [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
                     for name in library.called_functions(n) if name in functions)
@@ -153,7 +176,7 @@ def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
             continue
         types = node.attr["T" if node.op in FUNCTIONAL_LOOP_OPS else "Tout"].list.type
         for index in (i for i, t in enumerate(types) if t == tf.variant.as_datatype_enum):
-            filled = _filled(graph, node, index, functions, once)
+            filled = _filled(graph, node, index, functions, once, computed_only)
             readers = graph.readers(graph.output(node, index))
             emptied = _emptied(graph, readers, functions, once)
             if filled is None or emptied is None:
@@ -171,7 +194,7 @@ def _accumulators(graph_def: graph_pb2.GraphDef) -> list[_Accumulator]:
 
 
 def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: dict[str, function_pb2.FunctionDef],
-            once: set[str], prefix: str = ""):
+            once: set[str], computed_only: bool, prefix: str = ""):
     """(scope, EmptyTensorList, loop body, loop index, accumulator's name) of the list `node` outputs at
     `index`: a loop filling a float list it starts empty, or a call (called once) returning such a list once
     and nothing else reading it; None otherwise. A list made inside called functions is named by the calls'
@@ -181,7 +204,7 @@ def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: di
         source, output = scope.producer(node.input[index])
         if (body is None or body.signature.name not in once or source is None or source.op != "EmptyTensorList"
                 or output != 0 or source.attr["element_dtype"].type not in _FLOAT_TYPES
-                or not _pushes_a_computed_value(body, index)):
+                or _push(body, index) is None or (computed_only and not _pushes_a_computed_value(body, index))):
             return None
         return scope, source, body, index, prefix + source.name
     function = _called_once(node, functions, once)
@@ -192,7 +215,7 @@ def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: di
     producer, output = inner.producer(returned)
     if producer is None or len(inner.readers(returned)) != 1:
         return None
-    return _filled(inner, producer, output, functions, once, f"{prefix}{node.name}/")
+    return _filled(inner, producer, output, functions, once, computed_only, f"{prefix}{node.name}/")
 
 
 def _emptied(scope: _Scope, readers: list, functions: dict[str, function_pb2.FunctionDef], once: set[str]):

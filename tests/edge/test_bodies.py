@@ -97,3 +97,19 @@ def test_an_iteration_runs_in_the_executors_order_each_term_added_to_its_sum_as_
     # the tiled input and one term at a time (each sum's new value is written into its term); in
     # topological order all three terms would be live at once, 16 MiB
     assert 0 <= held - 8 * _MIB < 1024
+
+
+def test_a_gradient_iteration_is_sized_from_the_elements_it_pops():
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h) * h), (tf.constant(0), x))[1]
+            loss = tf.reduce_sum(h)
+        return tape.gradient(loss, x)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 1024])).graph.as_graph_def()
+    gradient = [held for name, held in body_bytes(graph_def).items() if "grad" in name]
+    # d(tanh(h) * h) from the popped h and tanh(h): two [256, 1024] float32 products (1 MiB each) live at once;
+    # sized 0 while the popped elements' shapes are unknown in the body
+    assert len(gradient) == 1 and 0 <= gradient[0] - 2 * _MIB < 1024
