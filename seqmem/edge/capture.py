@@ -14,7 +14,9 @@ Sizes (`TensorInfo`, `Node`):
   node (`resource_bytes`);
 - a variant holding a TensorList (a loop's accumulator, a TensorArray): sized
   by following it back to the list's creation through identities, loops and
-  function calls; each element is a buffer of its own (`element_bytes`);
+  function calls; each element is a buffer of its own (`element_bytes`); a
+  list made from a tensor takes that tensor's refined shape (a gradient's
+  `TensorListFromTensor` of the stacked decoder outputs);
 - an output that a called function or a loop returns unchanged shares its
   input's buffer (`passes_input`, `seqmem.edge.passthrough`);
 - a read of a variable in copy-on-read mode owns a copy (`copies_input`,
@@ -28,8 +30,8 @@ Sizes (`TensorInfo`, `Node`):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -109,6 +111,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
     passed = passed_through_inputs(tf_graph, bodies)
     copying = copying_reads(tf_graph, bodies)
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
+    sizer = _VariantSizer(bodies, tf_graph, shapes)
     nodes = []
     for node_def in graph_def.node:
         op = tf_graph.get_operation_by_name(node_def.name)
@@ -213,8 +216,15 @@ def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:
 class _VariantSizer:
     """Sizes TensorList variants by following them back to where the list was made."""
 
-    def __init__(self, bodies: FunctionBodies) -> None:
+    def __init__(self, bodies: FunctionBodies, graph: Optional[tf.Graph] = None,
+                 shapes: Optional[Mapping[str, tf.TensorShape]] = None) -> None:
+        """shapes: refined static shapes of `graph`'s tensors, by name (`stacked_shapes`)."""
         self._bodies = bodies
+        self._graph = graph
+        self._shapes = shapes or {}
+
+    def _shape(self, tensor: tf.Tensor) -> tf.TensorShape:
+        return self._shapes.get(tensor.name, tensor.shape) if tensor.graph is self._graph else tensor.shape
 
     def size(self, tensor: tf.Tensor) -> tuple[int, int | None] | None:
         """(bytes the list `tensor` holds, bytes of each of its elements (None when it holds none)), or None
@@ -239,7 +249,7 @@ class _VariantSizer:
             # a new list holds no element buffers; a loop fills it (trip_count given by FUNCTIONAL_LOOP_OPS)
             return self._list_bytes(op, trip_count, written) if filled else (0, None)
         if op.type == "TensorListFromTensor":
-            return _unstacked_bytes(op.inputs[0])
+            return _unstacked_bytes(op.inputs[0].dtype, self._shape(op.inputs[0]))
         if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot", "ZerosLike"):
             return recurse(op.inputs[0])  # ZerosLike: a new list, of zeros as large as its input's elements
         if op.type == "IdentityN":
@@ -344,12 +354,13 @@ def _common_shape(shapes) -> tf.TensorShape:
     return tf.TensorShape(None) if common is None else common
 
 
-def _unstacked_bytes(tensor: tf.Tensor) -> tuple[int, int | None] | None:
-    """(bytes, bytes per element) of a list made from `tensor`'s rows (TensorListFromTensor)."""
-    size = static_bytes(tensor.dtype, tensor.shape)
+def _unstacked_bytes(dtype: tf.DType, shape: tf.TensorShape) -> tuple[int, int | None] | None:
+    """(bytes, bytes per element) of a list made from the rows of a tensor of `dtype` and `shape`
+    (TensorListFromTensor)."""
+    size = static_bytes(dtype, shape)
     if size is None:
         return None
-    rows = tensor.shape[0] if tensor.shape.rank else 0
+    rows = shape[0] if shape.rank else 0
     return size, (size // rows if rows else None)
 
 

@@ -31,3 +31,18 @@ def test_shapes_downstream_of_the_stack_know_its_length():
     assert product.outputs[0].shape == (4, 7, 10) and product.outputs[0].size_bytes == 4 * 7 * 10 * 4
     (stack,) = [node for node in graph.nodes.values() if node.op == "TensorListStack"]
     assert stack.attrs["num_elements"].i == -1  # the step that runs keeps its stack as traced
+
+
+
+def test_a_list_made_from_a_tensor_downstream_of_the_stack_is_sized_from_its_refined_shape():
+    @tf.function(autograph=False)
+    def step(x):
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[None, 10])
+        _, rows = tf.while_loop(lambda i, ta: i < 7, lambda i, ta: (i + 1, ta.write(i, x * tf.cast(i, tf.float32))),
+                                (0, rows))
+        product = tf.transpose(rows.stack(), [1, 0, 2]) * 2.0  # [4, 7, 10]; 7 unknown to TensorFlow
+        return tf.TensorArray(tf.float32, size=4, element_shape=[None, 10]).unstack(product).read(3)
+
+    graph = from_tf(step, [tf.TensorSpec([4, 10], tf.float32)])
+    (made,) = [node for node in graph.nodes.values() if node.op == "TensorListFromTensor"]
+    assert (made.outputs[0].size_bytes, made.outputs[0].element_bytes) == (4 * 7 * 10 * 4, 7 * 10 * 4)

@@ -57,9 +57,10 @@ def planned_and_measured(model, budget_mb, safety_margin=0.1):
 
 @pytest.mark.device
 def test_loop_swaps_fit_a_budget_the_bounded_step_exceeds():
-    # measured, one stream (2026-11-26): the step bounded, predicted 70.0 MB; planned for 64 MB: 8 lists
-    # swapped, predicted 50.1 MB, median 54.4-54.9 MB
-    budget_mb = 64
+    # measured, one stream (2026-11-26, on the change that sizes the gradient's list of the decoder outputs):
+    # the step bounded, predicted 76.4 MB; planned for 66 MB: 9 lists swapped, predicted 56.4 MB, median
+    # 55.0 MB (for 64 MB the plan also swaps one feature map)
+    budget_mb = 66
     run = run_with_budget(planned_and_measured, "nmt", budget_mb, budget_mb=1024)
     assert run.ok, run.message
     plan, measured = run.value
