@@ -34,6 +34,17 @@ def test_the_bfc_model_places_a_list_element_by_element():
     assert simulate(whole, _order(whole), allocator="bfc").devices[""].live_bytes[0] == 16 * mib
 
 
+def test_the_bfc_model_places_a_body_in_pieces_and_a_kernels_scratch_whole():
+    # one iteration of a loop holding 10 MiB of its own tensors, in 1 MiB pieces: 11 MiB of chunks (the first
+    # 2 MiB region's rest, after the output's 256-byte chunk, is handed whole to one piece); a kernel's 10 MiB
+    # scratch buffer as one chunk, padded to 16 MiB as the list above
+    mib = 1 << 20
+    for op, chunks in (("While", 11 * mib), ("Op", 16 * mib + 256)):
+        g = graph(node("step", op, outputs=(4,)), node("out", "Op", ["step"], outputs=(4,)))
+        bfc = simulate(g, _order(g), allocator="bfc", scratch_bytes={"step": 10 * mib}).devices[""]
+        assert bfc.live_bytes[0] == chunks and bfc.tensor_live_bytes[0] == 10 * mib + 4, op
+
+
 def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     g = graph(
         node("x", "Placeholder", outputs=(8,)),
