@@ -17,8 +17,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
   in 1 MiB pieces (`BODY_PIECE_BYTES`): a body's bytes are its many tensors, not
   one buffer, and as one request the allocator model would hand them a free
   chunk up to twice their size (the NMT step at T = 50, batch 223, every loop
-  list swapped: 257.9 MB predicted as one request, 236.2 in pieces, 229-241
-  measured).
+  list swapped: 257.9 MB predicted as one request, 236.2 in pieces; medians of
+  229-246 MB measured in five processes).
   A list's elements are buffers of their own (`TensorInfo.element_bytes`):
   the allocator model places each one.
 - Parameters, constants, inputs, variables behind resource handles, the
