@@ -37,7 +37,6 @@ def test_shapes_downstream_of_the_stack_know_its_length():
     assert stack.attrs["num_elements"].i == -1  # the step that runs keeps its stack as traced
 
 
-
 def test_a_list_made_from_a_tensor_downstream_of_the_stack_is_sized_from_its_refined_shape():
     graph = from_tf(*_decoder_like(unstacked=True))
     (made,) = [node for node in graph.nodes.values() if node.op == "TensorListFromTensor"]
