@@ -95,6 +95,7 @@ def _probe_graph(graph: Graph, node: Node, node_defs: Mapping) -> graph_pb2.Grap
     target.name = "probe"
     target.ClearField("device")
     del target.input[:]
+    output_sizes = {info.size_bytes for info in node.outputs}
     for i, ref in enumerate(node.inputs):
         producer = node_defs[ref.node]
         source = probe.node.add()
@@ -107,8 +108,24 @@ def _probe_graph(graph: Graph, node: Node, node_defs: Mapping) -> graph_pb2.Grap
             source.name = f"input_{i}"
         else:
             _zeros(probe, source, f"input_{i}", graph.tensor(ref))
+            if graph.tensor(ref).size_bytes in output_sizes:
+                _keep_after_probe(probe, source.name, graph.tensor(ref))
         target.input.append(source.name)
     return probe
+
+
+def _keep_after_probe(probe: graph_pb2.GraphDef, name: str, info) -> None:
+    """Read input `name` (the size of an output) once more after the probed op, by a `Shape` that waits for
+    it, so the op cannot write that output into the input's buffer: the simulator gives every output of an
+    op it does not list as in-place a buffer of its own. Probed with its first input free to be overwritten,
+    MaxPoolGrad (cnn example, batch 64) wrote its 16 MiB output there, and its 8 MiB int64 argmax temporary
+    measured as no scratch at all. Inputs of other sizes stay free, as a kernel's temporaries may take them
+    where the op is their last reader."""
+    keep = probe.node.add()
+    keep.name, keep.op = f"{name}/kept", "Shape"
+    keep.input.extend([name, "^probe"])
+    keep.attr["T"].type = tf.as_dtype(info.dtype).as_datatype_enum
+    keep.attr["out_type"].type = tf.int32.as_datatype_enum
 
 
 def _static_shape_value(graph: Graph, ref) -> np.ndarray | None:
@@ -156,19 +173,21 @@ def _run_probes(graph: Graph, probes: list[tuple[bytes, tuple[Node, graph_pb2.Gr
             op = tf_graph.get_operation_by_name(f"{scope}/probe")
             input_bytes = sum(graph.tensor(ref).size_bytes for ref, t in zip(node.inputs, op.inputs)
                               if t.op.type == "Fill")
-            fetches[signature] = (node, op, input_bytes + sum(info.size_bytes or 0 for info in node.outputs))
+            run = op.outputs + [tf_graph.get_tensor_by_name(f"{scope}/{n.name}:0") for n in probe.node
+                                if n.name.endswith("/kept")]
+            fetches[signature] = (node, run, input_bytes + sum(info.size_bytes or 0 for info in node.outputs))
     config = tf.compat.v1.ConfigProto(graph_options=tf.compat.v1.GraphOptions(
         # no constant folding: the probe's inputs are constants, the op must still run
         optimizer_options=tf.compat.v1.OptimizerOptions(opt_level=tf.compat.v1.OptimizerOptions.L0),
         rewrite_options=rewriter_config_pb2.RewriterConfig(disable_meta_optimizer=True)))
     result = {}
     with tf.compat.v1.Session(graph=tf_graph, config=config) as session:
-        for signature, (node, op, in_out_bytes) in fetches.items():
+        for signature, (node, run, in_out_bytes) in fetches.items():
             try:
-                session.run(op.outputs)  # first run: kernel creation, lazy allocations
+                session.run(run)  # first run: kernel creation, lazy allocations
                 device.reset_peak()
                 before = device.memory_stats().current_bytes
-                session.run(op.outputs)
+                session.run(run)
                 peak = device.memory_stats().peak_bytes
             except tf.errors.OpError as error:
                 _log.debug("could not probe %s (%s): %s", node.name, node.op, error)

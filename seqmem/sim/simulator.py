@@ -24,8 +24,10 @@ Model (that of TensorFlow's executor with a BFC allocator):
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
-  counted once, for the whole step. The step's folded constants are placed
-  before it runs, as TensorFlow allocates them when it instantiates the step.
+  counted once, for the whole step. What exists before the step runs is placed
+  first: the variables behind its resource handles, in graph order (the order
+  the step captured them, as the model created them), then the step's folded
+  constants, which TensorFlow allocates when it instantiates the step.
 - While a node runs, its inputs, its outputs and its scratch memory
   (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
   memory while `order[i]` runs.
@@ -211,19 +213,30 @@ def simulate(
 
 
 def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
-    """Allocate, in `memories`, the constants TensorFlow folds the step's own nodes into (`Node.folded`): their
-    kernels allocate them when TensorFlow instantiates the step, before it runs, so they stay at the start of
-    the arena, out of the way of the step's buffers. (A called function's constants, `Node.constant_bytes`,
-    are allocated when the call first runs.)"""
-    for name, node in graph.nodes.items():
-        if not node.folded:
-            continue
+    """Allocate, in `memories`, what is on the device before the step runs, in the order it got there:
+
+    - the variables behind the step's resource handles (`Node.resource_bytes`), in graph order: a function
+      captures them in the order its forward pass first reads them, which is the order a Keras model
+      creates them (its optimizer's slots last). Placed as the step first reads them instead, a pinned
+      ResNet-50 step (batch 654) was predicted 230 MB of persistent memory where 254 MB were in use;
+    - the constants TensorFlow folds the step's own nodes into (`Node.folded`): their kernels allocate them
+      when TensorFlow instantiates the step. (A called function's constants, `Node.constant_bytes`, are
+      allocated when the call first runs.)"""
+    def memory_of(node) -> _DeviceMemory:
         device = _short_device(node.device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
+        return memories[device]
+
+    for name, node in graph.nodes.items():
+        if node.resource_bytes:
+            memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes)
+    for name, node in graph.nodes.items():
+        if not node.folded:
+            continue
         for index, info in enumerate(node.outputs):
             if info.size_bytes:
-                memories[device].allocate_persistent(TensorRef(name, index), info.size_bytes)
+                memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes)
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:

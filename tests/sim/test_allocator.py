@@ -54,8 +54,15 @@ def test_bfc_rounds_to_256_bytes_and_coalesces_on_free():
     assert model.region_bytes == 2 * MB
 
 
+def test_bfc_starts_with_a_2_mib_region_and_a_large_first_request_opens_the_next():
+    model = BFCAllocatorModel()
+    assert model.region_bytes == 2 * MB and model.in_use_bytes == 0
+    model.allocate(3 * MB)  # a 4 MiB region of its own, handed out whole (under twice the request)
+    assert model.region_bytes == 6 * MB and model.in_use_bytes == 4 * MB
+
+
 def test_bfc_limit_raises_out_of_memory():
-    model = BFCAllocatorModel(limit_bytes=4 * MB)
-    model.allocate(3 * MB)
+    model = BFCAllocatorModel(limit_bytes=8 * MB)
+    model.allocate(3 * MB)  # regions of 2 and 4 MiB: 2 MiB left
     with pytest.raises(SimulatedOutOfMemoryError, match="cannot allocate"):
         model.allocate(3 * MB)

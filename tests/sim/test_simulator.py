@@ -45,6 +45,24 @@ def test_the_bfc_model_places_a_body_in_pieces_and_a_kernels_scratch_whole():
         assert bfc.live_bytes[0] == chunks and bfc.tensor_live_bytes[0] == 10 * mib + 4, op
 
 
+def test_the_bfc_model_places_variables_before_the_step_in_graph_order_whatever_reads_them_first():
+    # two 1.5 MiB variables, created (graph order) before a 0.5 MiB transient exists: each takes a chunk of
+    # its own region (2 MiB, unsplit, then 1.5 MiB of a 4 MiB one), as in an arena they were created in,
+    # also when the step makes the transient before it reads them (placed then, the first variable would
+    # share the transient's 2 MiB region: 3.0 MiB of persistent chunks)
+    mib = 1 << 20
+    g = graph(
+        node("a", "Placeholder", outputs=(4,), resource_bytes=3 * mib // 2),
+        node("b", "Placeholder", outputs=(4,), resource_bytes=3 * mib // 2),
+        node("t", "Op", outputs=(mib // 2,)),
+        node("ra", "Op", ["a", "t"], outputs=(4,)),
+        node("rb", "Op", ["b", "ra"], outputs=(4,)),
+    )
+    for order in (["a", "b", "t", "ra", "rb"], ["t", "a", "ra", "b", "rb"]):
+        bfc = simulate(g, order, allocator="bfc").devices[""]
+        assert bfc.persistent_bytes == 2 * mib + 3 * mib // 2 + 2 * 256, order
+
+
 def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     g = graph(
         node("x", "Placeholder", outputs=(8,)),
