@@ -7,8 +7,10 @@ the same graph (constant inputs such as shapes copied as they are), then
 
     scratch = peak during the run - bytes live before it - input bytes - output bytes
 
-Ops with the same type, attributes, input shapes and constant inputs share one
-measurement.
+An input the size of an output is kept alive past the op, so that the op
+cannot write that output into it (the simulator gives such outputs buffers of
+their own). Ops with the same type, attributes, input shapes and constant
+inputs share one measurement.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ model of the allocator to predict them:
   chunks of a region merge on free; when nothing fits, a new region is
   allocated, doubling in size (growth mode). The first region, 2 MiB, exists
   from the start: a process's first allocations are small ones, made before
-  any model exists, so a model's first large tensor opens the second region
-  (placed first in a 4 MiB region of its own, the mlp example's 3 MiB kernel
-  shifted every later region and was predicted 8% over, 52.1 MB for 48.1).
+  any model exists, so a model's first large tensor opens the second region.
+  (Opening the first region for the mlp example's 3 MiB kernel, 4 MiB,
+  shifted every later region: its pinned step was predicted at 52.1 MB, 50.0
+  now, for 48.1 measured.)
 
 A request may be made of equal pieces (a TensorList's elements, each a buffer
 of its own): the models place each piece and free them together.

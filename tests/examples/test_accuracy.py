@@ -2,13 +2,13 @@
 
 Each example is measured as `optimize` runs it (pinned to its planned schedule, loops bounded to one
 iteration) and as it is. Pinned, each step runs in the predicted order and its peak varied under 3% from
-step to step (at most the lstm's, 70.1-72.0 MB; held to 5%), so the prediction is held to 7% of the median: not 5%, because between processes the mlp's
-median moved from 47.4 to 49.1 MB against 50.0 predicted (which free chunks the BFC allocator hands its
-3-4 MB tensors), up to +5.5%. As they are, the cnn and resnet are held to 15% of the peak of some measured
-step. The mlp as it is is not held to a figure: the executor runs its optimizer's `momentum * slot`
-products at different points from step to step (one process: 45.0-50.0 MB), the simulator's model of the
-executor's order runs them late (39.2 MB predicted). Nor is the lstm: its gradient loop runs up to 32
-iterations ahead, and the simulator runs one.
+step to step (at most the lstm's, 70.1-72.0 MB; held to 5%). The prediction is held to 7% of the median,
+not 5%: between processes the mlp's median moved from 47.4 to 49.1 MB against 50.0 predicted (which free
+chunks the BFC allocator hands its 3-4 MB tensors), up to +5.5%. As they are, the cnn and resnet are held
+to 15% of the peak of some measured step. The mlp as it is is not held to a figure: the executor runs its
+optimizer's `momentum * slot` products at different points from step to step (one process: 45.0-55.0 MB),
+and the simulator's model of the executor's order runs them late (39.2 MB predicted). Nor is the lstm: its
+gradient loop runs up to 32 iterations ahead, and the simulator runs one.
 """
 
 import pytest
