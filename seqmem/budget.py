@@ -40,7 +40,7 @@ from seqmem.anatomy import StepAnatomy
 from seqmem.critical_path import MachineModel, transfer_time_s
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError, SimulatedOutOfMemoryError
 from seqmem.gc_pause import without_gc
-from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.graph import Graph, Node, TensorRef, view_source
 from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
@@ -51,6 +51,7 @@ from seqmem.units import MIB
 __all__ = ["Baseline", "loop_swapped", "plan_swaps", "simulate_baseline", "swap_events"]
 
 _MAX_ROUNDS = 64
+_FLOOR_TARGET_BYTES = 1  # a target no plan reaches: the search conserves every candidate by the kind that frees most
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,6 @@ def plan_swaps(
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
     if pinned:
         analysis = analysis.pinned()
-    graph, order = analysis.graph, analysis.order
     if baseline is None:
         baseline = simulate_baseline(analysis, allocator=allocator, arena_bytes=arena_bytes)
     before = baseline.trace
@@ -207,81 +207,141 @@ def plan_swaps(
         return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
 
-    host = _HostRoom(math.inf if options.max_host_bytes is None else options.max_host_bytes)
-    loop_swaps: tuple[LoopSwap, ...] = ()
-    if loop_swap_depth is not None and analysis.loop_swaps:
-        loop_swaps, analysis, baseline = _choose_loop_swaps(analysis, baseline, target_bytes, loop_swap_depth,
-                                                            allocator, arena_bytes, host)
-    loop_fields = _loop_fields(loop_swaps, loop_swap_depth, graph, machine)
-    graph, start = analysis.graph, baseline.trace
-    if baseline.fits(target_bytes):
-        return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes, pinned_order=pinned_order,
-                        options=options, notes=("the step fits with its loops' accumulators swapped: no other swaps",),
-                        **loop_fields)
-
-    device = start.busiest()
-    tree = _MaxTree(device.tensor_live_bytes)
-    position = {name: i for i, name in enumerate(order)}
-    candidates, skipped = _candidates(analysis, start, machine, options, position,
-                                      {swap.tensor for swap in loop_swaps})
-
-    chosen: dict[TensorRef, tuple[_Candidate, _Option]] = {}
-    limit = options.max_decisions
-    live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
-    after, placed = start, baseline.placed
-    lowest, lowest_chosen = start, {}  # the lowest peak of the plans tried (more swaps can raise a peak)
-    forced = 1
-    for _ in range(_MAX_ROUNDS):
-        changed = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
-        plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
-        after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
-        if after.peak_bytes < lowest.peak_bytes:
-            lowest, lowest_chosen = after, dict(chosen)
-        if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates) \
-                or (limit is not None and len(chosen) >= limit):
-            break
-        if after.peak_bytes <= target_bytes or not changed:
-            # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
-            # exact model's peak is left while the allocator model's peak is still over: swap the next
-            # longest-lived candidates wherever they are live, to thin out large buffers (twice as
-            # many each time this repeats).
-            left = [c for c in candidates if c.tensor not in chosen and not _needed_by_recomputation(c.tensor, chosen)]
-            room = len(left) if limit is None else limit - len(chosen)
-            for candidate in left[:min(forced, room)]:
-                option = _cheapest_helpful(candidate, -1, candidate.options[0].decision.size_bytes, chosen, host)
-                if option is not None:
-                    _choose(tree, candidate, option, chosen, host)
-            forced *= 2
-        else:
-            forced = 1
-        if after.peak_bytes > target_bytes:
-            live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
-
-    def finished(target: int, decisions: Mapping, peak_bytes: int) -> SwapPlan:
-        plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes)
-        return dataclasses.replace(plan, pinned_order=pinned_order, **{
-            **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
-
-    plan = finished(target_bytes, chosen, after.peak_bytes)
+    search = _Search(analysis, baseline, budget_bytes, pinned_order, machine, options, allocator, arena_bytes,
+                     loop_swap_depth)
+    result = search.run(target_bytes)
+    if not result.fits and target_bytes > _FLOOR_TARGET_BYTES:
+        # The search adds candidates by the cheapest kind that frees enough at the current peak, so where the
+        # target is out of its reach it can end above the plan that conserves every candidate by the kind that
+        # frees most (ResNet-50, 64x64, batch 600: 1022.0 MB asked for 972.8 MB, 924.8 MB so).
+        floor = search.run(_FLOOR_TARGET_BYTES)
+        if floor.lowest_peak_bytes <= target_bytes and floor.lowest_placed:
+            return dataclasses.replace(floor.lowest_plan, target_bytes=target_bytes, notes=floor.lowest_plan.notes + (
+                "the most-conserving plan: the search at the target ended above it",))
+        if floor.lowest_peak_bytes < result.lowest_peak_bytes:
+            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_peak_bytes=floor.lowest_peak_bytes,
+                                         lowest_op=floor.lowest_op)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
-    if host.refused:
+    if result.host_refused:
         planned_for += f", swaps limited to {options.max_host_bytes / MIB:.1f} MB of host memory"
-    if after.peak_bytes <= target_bytes and not placed:
+    if result.plan.predicted_peak_after_bytes <= target_bytes and not result.placed:
         raise ArenaFragmentationError(
             f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
-            f"with {len(chosen)} swaps (fragmentation; predicted peak {after.peak_bytes / MIB:.1f} MB); "
-            f"{planned_for}. Raise the budget or reduce the batch size.",
-            smallest_peak_bytes=after.peak_bytes,
+            f"with {len(result.plan.decisions)} swaps (fragmentation; predicted peak "
+            f"{result.plan.predicted_peak_after_bytes / MIB:.1f} MB); {planned_for}. Raise the budget or reduce the "
+            f"batch size.",
+            smallest_peak_bytes=result.plan.predicted_peak_after_bytes,
         )
-    if after.peak_bytes > target_bytes:
-        op = graph.node(lowest.order[lowest.busiest().peak_step])
+    if not result.fits:
+        op = result.lowest_op
         raise InfeasibleBudgetError(
-            f"smallest achievable peak is {lowest.peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
+            f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
             f"{planned_for}. Raise the budget or reduce the batch size.",
-            smallest_peak_bytes=lowest.peak_bytes,
-            smallest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
+            smallest_peak_bytes=result.lowest_peak_bytes,
+            smallest_plan=result.lowest_plan,
         )
-    return plan
+    return result.plan
+
+
+@dataclass(frozen=True)
+class _SearchResult:
+    """Where one search for a target ended (`plan`: its last plan, which `fits` the target when it is
+    `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak)."""
+
+    plan: SwapPlan
+    fits: bool
+    placed: bool
+    lowest_plan: SwapPlan
+    lowest_peak_bytes: int
+    lowest_placed: bool
+    lowest_op: Optional[Node]
+    host_refused: bool
+
+
+@dataclass(frozen=True)
+class _Search:
+    """`plan_swaps`' selection for one step, run for a target."""
+
+    analysis: StepAnalysis
+    baseline: Baseline
+    budget_bytes: int
+    pinned_order: tuple
+    machine: MachineModel
+    options: ConservationOptions
+    allocator: str
+    arena_bytes: Optional[int]
+    loop_swap_depth: Optional[int]
+
+    def run(self, target_bytes: int) -> _SearchResult:
+        analysis, baseline, budget_bytes, options = self.analysis, self.baseline, self.budget_bytes, self.options
+        machine, allocator, arena_bytes, pinned_order = self.machine, self.allocator, self.arena_bytes, self.pinned_order
+        before, order = baseline.trace, analysis.order
+        host = _HostRoom(math.inf if options.max_host_bytes is None else options.max_host_bytes)
+        loop_swaps: tuple[LoopSwap, ...] = ()
+        if self.loop_swap_depth is not None and analysis.loop_swaps:
+            loop_swaps, analysis, baseline = _choose_loop_swaps(analysis, baseline, target_bytes, self.loop_swap_depth,
+                                                                allocator, arena_bytes, host)
+        loop_fields = _loop_fields(loop_swaps, self.loop_swap_depth, self.analysis.graph, machine)
+        graph, start = analysis.graph, baseline.trace
+        if baseline.fits(target_bytes):
+            plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
+                            pinned_order=pinned_order, options=options, **loop_fields,
+                            notes=("the step fits with its loops' accumulators swapped: no other swaps",))
+            return _SearchResult(plan, True, True, plan, start.peak_bytes, True, None, host.refused)
+
+        device = start.busiest()
+        tree = _MaxTree(device.tensor_live_bytes)
+        position = {name: i for i, name in enumerate(order)}
+        candidates, skipped = _candidates(analysis, start, machine, options, position,
+                                          {swap.tensor for swap in loop_swaps})
+
+        chosen: dict[TensorRef, tuple[_Candidate, _Option]] = {}
+        limit = options.max_decisions
+        live_target = target_bytes - (device.peak_bytes - device.tensor_peak_bytes)  # leave room for fragmentation
+        after, placed = start, baseline.placed
+        lowest, lowest_chosen, lowest_placed = start, {}, placed
+        forced = 1
+        for _ in range(_MAX_ROUNDS):
+            changed = _select(candidates, chosen, tree, live_target - device.tensor_persistent_bytes, limit, host)
+            plan = _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options)
+            after, placed = _simulate(analysis, swap_events(plan, analysis), allocator, arena_bytes)
+            if after.peak_bytes < lowest.peak_bytes:
+                lowest, lowest_chosen, lowest_placed = after, dict(chosen), placed
+            if (after.peak_bytes <= target_bytes and placed) or len(chosen) == len(candidates) \
+                    or (limit is not None and len(chosen) >= limit):
+                break
+            if after.peak_bytes <= target_bytes or not changed:
+                # The bytes fit but the arena's regions do not hold the buffers, or no candidate live at the
+                # exact model's peak is left while the allocator model's peak is still over: swap the next
+                # longest-lived candidates wherever they are live, to thin out large buffers (twice as
+                # many each time this repeats).
+                left = [c for c in candidates if c.tensor not in chosen and not _needed_by_recomputation(c.tensor, chosen)]
+                room = len(left) if limit is None else limit - len(chosen)
+                for candidate in left[:min(forced, room)]:
+                    option = _cheapest_helpful(candidate, -1, candidate.options[0].decision.size_bytes, chosen, host)
+                    if option is not None:
+                        _choose(tree, candidate, option, chosen, host)
+                forced *= 2
+            else:
+                forced = 1
+            if after.peak_bytes > target_bytes:
+                live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
+
+        def finished(target: int, decisions: Mapping, peak_bytes: int) -> SwapPlan:
+            plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes)
+            return dataclasses.replace(plan, pinned_order=pinned_order, **{
+                **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
+
+        return _SearchResult(
+            plan=finished(target_bytes, chosen, after.peak_bytes),
+            fits=after.peak_bytes <= target_bytes and placed,
+            placed=placed,
+            lowest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
+            lowest_peak_bytes=lowest.peak_bytes,
+            lowest_placed=lowest_placed,
+            lowest_op=graph.node(lowest.order[lowest.busiest().peak_step]),
+            host_refused=host.refused,
+        )
 
 
 def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) -> StepAnalysis:

@@ -199,6 +199,36 @@ def test_the_loop_that_makes_the_step_fit_swaps_the_fewest_bytes_that_fit_and_li
     assert plans[70].predicted_overhead_s < plans[50].predicted_overhead_s
 
 
+def _chain(sizes_mb):
+    """x -> f1 -> ... -> loss, and a gradient chain whose op i reads f_i; f_i holds sizes_mb[i - 1] MB."""
+    nodes = [node("x", "Placeholder", outputs=(1024,))]
+    for i, size in enumerate(sizes_mb, start=1):
+        nodes.append(node(f"f{i}", "Op", [nodes[-1].name], outputs=(int(size * MB),)))
+    nodes += [node("loss", "Sum", [f"f{len(sizes_mb)}"], outputs=(TensorInfo("float32", (), 4),)),
+              node("ones", "Const", outputs=(4,))]
+    gradient = "ones"
+    for i in range(len(sizes_mb), 0, -1):
+        nodes.append(node(f"gradient_tape/g{i}", "Op", [gradient, f"f{i}"], outputs=(int(sizes_mb[i - 1] * MB),)))
+        gradient = f"gradient_tape/g{i}"
+    return graph(*nodes)
+
+
+def test_a_target_the_search_ends_above_gets_the_most_conserving_plan_when_that_fits():
+    # With copies that overlap, the search restores a swapped map early (hiding its copy) where that frees
+    # enough at the current peak; on the BFC model it ended at 24.0 MB for a 23.3-23.9 MB target that the plan
+    # conserving every map by the kind that frees most (22.0 MB) meets.
+    machine = MachineModel(host_bytes_per_s=1e9, copies_overlap=True)
+    analysis = analyze_graph(_chain([1.2, 5.2, 6.0]), machine=machine)
+    target = int(23.6 * MB)
+    with pytest.raises(InfeasibleBudgetError) as error:
+        plan_swaps(analysis, budget_bytes=1, machine=machine)
+    lowest = error.value.smallest_peak_bytes
+    assert lowest <= 22.1 * MB
+    plan = plan_swaps(analysis, budget_bytes=target, machine=machine)
+    assert plan.predicted_peak_after_bytes == lowest and plan.target_bytes == target and plan.feasible
+    assert any("most-conserving" in note for note in plan.notes)
+
+
 def _lowest_peak(analysis, machine):
     with pytest.raises(InfeasibleBudgetError) as error:
         plan_swaps(analysis, budget_bytes=1, allocator="exact", machine=machine)

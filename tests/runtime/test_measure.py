@@ -32,3 +32,29 @@ def test_every_variable_a_step_captures_is_restored_also_slots_created_while_it_
         step(x)
         assert not all(np.array_equal(a, v.numpy()) for a, v in zip(before, every))
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, every))
+
+
+def _address(variable: tf.Variable) -> int:
+    return np.asarray(variable.read_value()).__array_interface__["data"][0]
+
+
+def test_variables_are_restored_bit_for_bit_in_the_buffers_they_had():
+    # assigned, a restored variable would adopt a buffer allocated at restore time, wherever the arena had room
+    weights = tf.Variable(tf.random.stateless_normal([64, 32], seed=[1, 2]))
+    steps = tf.Variable(tf.constant(7, tf.int64))
+    signed_zero = tf.Variable(tf.constant([-0.0, 1.0]))
+    flags = tf.Variable([True, False])
+    every = [weights, steps, signed_zero, flags]
+    before = [v.numpy().tobytes() for v in every]
+    with variables_restored(every):
+        weights.assign_add(tf.fill([64, 32], np.inf))  # assigned: v - v would not be 0
+        steps.assign_add(5)
+        signed_zero.assign([3.0, 4.0])
+        flags.assign([False, True])
+    assert [v.numpy().tobytes() for v in every] == before
+    addresses = _address(weights), _address(steps)
+    with variables_restored(every):
+        weights.assign_sub(tf.ones([64, 32]))
+        steps.assign_add(1)
+    assert (_address(weights), _address(steps)) == addresses
+    assert [v.numpy().tobytes() for v in every] == before
