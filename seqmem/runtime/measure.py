@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+from tensorflow.python.ops import gen_array_ops, gen_resource_variable_ops, resource_variable_ops
 
 __all__ = ["block", "captured_variables", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
 
@@ -53,14 +53,27 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
     """Set the variable behind `handle` to `value`, in the buffer it already has where that is exact.
 
     `AssignVariableOp` adopts its value's buffer, which moves the variable to wherever that value was
-    allocated: restored so after calibration, ResNet-50's 254 MB of weights and slots (batch 600) were
-    scattered over its 1024 MB arena, and the step calibration had measured at 924.8 MB ran out of memory
-    right after. `AssignSub`/`AssignAdd` update the buffer in place (their kernels copy only a variable whose
-    buffer is shared): v - copy(v) is exactly 0 where v is finite, and 0 + value exactly value but for -0.0.
-    Elsewhere (another dtype, a non-finite current value, a -0.0 to restore) the value is assigned."""
+    allocated: restored so after every calibration or measurement, ResNet-50's 254 MB of weights and slots
+    (batch 600) moved through its 1024 MB arena. Two in-place writes instead:
+
+    - a variable in TensorFlow's copy-on-read mode (those the steps seqmem rewrites assign in place,
+      `seqmem.edge.in_place`) gets `var[:] = value` (`ResourceStridedSliceAssign`): any other update would
+      copy it to a new buffer first;
+    - any other variable gets `AssignSub` of a copy of itself, then `AssignAdd` of the value, which update
+      the buffer in place without changing the variable's mode: v - copy(v) is exactly 0 where v is finite,
+      and 0 + value exactly value but for -0.0.
+
+    Elsewhere (another dtype, a scalar in copy-on-read mode, a non-finite current value, a -0.0 to restore)
+    the value is assigned."""
     dtype = _value_dtype(handle)
     current = gen_resource_variable_ops.read_variable_op(handle, dtype)
-    exact = dtype in _UPDATED_IN_PLACE and not (dtype.is_floating and (
+    copies_on_read = _copies_on_read(handle, current)
+    if dtype in _UPDATED_IN_PLACE and value.ndim and copies_on_read:
+        del current
+        gen_array_ops.resource_strided_slice_assign(handle, [0], [0], [1], tf.constant(value), begin_mask=1,
+                                                    end_mask=1)
+        return
+    exact = dtype in _UPDATED_IN_PLACE and not copies_on_read and not (dtype.is_floating and (
         np.signbit(value[value == 0]).any() or not bool(tf.reduce_all(tf.math.is_finite(current)))))
     if not exact:
         del current
@@ -71,6 +84,19 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
     gen_resource_variable_ops.assign_sub_variable_op(handle, copy)
     del copy
     gen_resource_variable_ops.assign_add_variable_op(handle, tf.constant(value))
+
+
+def _copies_on_read(handle: tf.Tensor, read: tf.Tensor) -> bool:
+    """Whether the variable behind `handle` is in copy-on-read mode: a second read, while `read` is held,
+    gets a buffer of its own. (Only a variable on the CPU can be told; others count as not.)"""
+    if "CPU" not in read.device:
+        return False
+    again = gen_resource_variable_ops.read_variable_op(handle, read.dtype)
+    return _address(read) != _address(again)
+
+
+def _address(tensor: tf.Tensor) -> int:
+    return np.asarray(tensor).__array_interface__["data"][0]
 
 
 def block(result: Any) -> None:

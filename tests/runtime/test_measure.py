@@ -44,13 +44,16 @@ def test_variables_are_restored_bit_for_bit_in_the_buffers_they_had():
     steps = tf.Variable(tf.constant(7, tf.int64))
     signed_zero = tf.Variable(tf.constant([-0.0, 1.0]))
     flags = tf.Variable([True, False])
-    every = [weights, steps, signed_zero, flags]
+    slot = tf.Variable(tf.zeros([16, 8]))
+    slot[:].assign(tf.fill([16, 8], 0.5))  # a sliced write: copy-on-read mode, as seqmem's in-place assignments
+    every = [weights, steps, signed_zero, flags, slot]
     before = [v.numpy().tobytes() for v in every]
     with variables_restored(every):
         weights.assign_add(tf.fill([64, 32], np.inf))  # assigned: v - v would not be 0
         steps.assign_add(5)
         signed_zero.assign([3.0, 4.0])
         flags.assign([False, True])
+        slot[:].assign(tf.ones([16, 8]))
     assert [v.numpy().tobytes() for v in every] == before
     addresses = _address(weights), _address(steps)
     with variables_restored(every):
