@@ -219,8 +219,7 @@ def plan_swaps(
             return dataclasses.replace(floor.lowest_plan, target_bytes=target_bytes, notes=floor.lowest_plan.notes + (
                 "the most-conserving plan: the search at the target ended above it",))
         if floor.lowest_peak_bytes < result.lowest_peak_bytes:
-            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_peak_bytes=floor.lowest_peak_bytes,
-                                         lowest_op=floor.lowest_op)
+            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_op=floor.lowest_op)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
     if result.host_refused:
         planned_for += f", swaps limited to {options.max_host_bytes / MIB:.1f} MB of host memory"
@@ -252,10 +251,13 @@ class _SearchResult:
     fits: bool
     placed: bool
     lowest_plan: SwapPlan
-    lowest_peak_bytes: int
     lowest_placed: bool
     lowest_op: Optional[Node]
     host_refused: bool
+
+    @property
+    def lowest_peak_bytes(self) -> int:
+        return self.lowest_plan.predicted_peak_after_bytes
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ class _Search:
             plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
                             pinned_order=pinned_order, options=options, **loop_fields,
                             notes=("the step fits with its loops' accumulators swapped: no other swaps",))
-            return _SearchResult(plan, True, True, plan, start.peak_bytes, True, None, host.refused)
+            return _SearchResult(plan, True, True, plan, True, None, host.refused)
 
         device = start.busiest()
         tree = _MaxTree(device.tensor_live_bytes)
@@ -337,7 +339,6 @@ class _Search:
             fits=after.peak_bytes <= target_bytes and placed,
             placed=placed,
             lowest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
-            lowest_peak_bytes=lowest.peak_bytes,
             lowest_placed=lowest_placed,
             lowest_op=graph.node(lowest.order[lowest.busiest().peak_step]),
             host_refused=host.refused,
