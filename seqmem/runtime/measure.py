@@ -64,7 +64,7 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
       and 0 + value exactly value but for -0.0.
 
     Elsewhere (another dtype, a scalar in copy-on-read mode, a non-finite current value, a -0.0 to restore)
-    the value is assigned."""
+    a copy of the value is assigned."""
     dtype = _value_dtype(handle)
     current = gen_resource_variable_ops.read_variable_op(handle, dtype)
     copies_on_read = _copies_on_read(handle, current)
@@ -77,8 +77,8 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
         np.signbit(value[value == 0]).any() or not bool(tf.reduce_all(tf.math.is_finite(current)))))
     if not exact:
         del current
-        # a buffer of its own: a variable that adopted `tf.constant(value)`'s buffer was copied again by its
-        # next in-place update (`assign_sub`) in 24 of 30 trials: that buffer was still shared
+        # a copy of its own: a variable that adopted `tf.constant(value)`'s buffer was moved to a new buffer by
+        # its next `assign_sub` in 24 of 30 trials (one-off script); adopting a `DeepCopy`, in none of 30
         gen_resource_variable_ops.assign_variable_op(handle, gen_array_ops.deep_copy(tf.constant(value)))
         return
     copy = current + tf.zeros([], dtype)  # a buffer of its own
