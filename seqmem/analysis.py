@@ -35,6 +35,8 @@ class StepAnalysis:
     the executor runs more than one op at a time.
     loop_swaps: the loop accumulators a plan may swap element by element
     (found by `seqmem.edge.loop_swap.loop_accumulators`).
+    arena_reserved: the device's arena was reserved up front, not grown (`runtime.device.reserve_arena`);
+    the BFC allocator model follows it.
     """
 
     graph: Graph
@@ -44,6 +46,7 @@ class StepAnalysis:
     scratch_bytes: Mapping[str, int]
     pinned_order: tuple[str, ...] = ()
     loop_swaps: tuple[LoopSwap, ...] = ()
+    arena_reserved: bool = False
 
     def pinned(self) -> "StepAnalysis":
         """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
@@ -109,6 +112,7 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
     if not barriers or not analysis.pinned_order:
         return None
     loss = barrier_source(analysis.graph, analysis.anatomy.loss, barriers)  # a custom gradient's loss: its input
-    return analyze_graph(split_barriers(analysis.graph, barriers), loss=loss,
-                         op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
-                         inter_op_threads=1, loop_swaps=analysis.loop_swaps)
+    split = analyze_graph(split_barriers(analysis.graph, barriers), loss=loss,
+                          op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
+                          inter_op_threads=1, loop_swaps=analysis.loop_swaps)
+    return dataclasses.replace(split, arena_reserved=analysis.arena_reserved)

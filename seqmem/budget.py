@@ -70,10 +70,11 @@ def _simulate(analysis: StepAnalysis, events, allocator: str, arena_bytes: Optio
     """The simulated trace, and whether the allocator model placed every buffer within `arena_bytes`."""
     limit = arena_bytes if allocator == "bfc" else None
     arguments = (analysis.graph, analysis.order, events)
+    model = {"allocator": allocator, "scratch_bytes": analysis.scratch_bytes, "reserved_arena": analysis.arena_reserved}
     try:
-        return simulate(*arguments, allocator=allocator, scratch_bytes=analysis.scratch_bytes, limit_bytes=limit), True
+        return simulate(*arguments, limit_bytes=limit, **model), True
     except SimulatedOutOfMemoryError:
-        return simulate(*arguments, allocator=allocator, scratch_bytes=analysis.scratch_bytes), False
+        return simulate(*arguments, **model), False
 
 
 def simulate_baseline(analysis: StepAnalysis, *, allocator: str = "bfc", arena_bytes: Optional[int] = None) -> Baseline:

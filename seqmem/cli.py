@@ -153,7 +153,8 @@ def _accuracy(args: argparse.Namespace) -> int:
 
     cases = args.case or DEFAULT_CASES
     with _Stage(f"profiling {len(cases)} built-in steps, each in a fresh {args.device_mb} MB emulated device"):
-        rows = measure_accuracy(cases, budget_mb=args.device_mb, one_stream=not args.concurrent_ops)
+        rows = measure_accuracy(cases, budget_mb=args.device_mb, one_stream=not args.concurrent_ops,
+                                reserved_arena=args.reserved_arena)
     print(format_table(rows))
     return 0
 
@@ -227,6 +228,8 @@ def _parser() -> argparse.ArgumentParser:
     accuracy.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device (MiB)")
     accuracy.add_argument("--concurrent-ops", action="store_true",
                           help="TensorFlow's default inter-op pool instead of one op at a time (one compute stream)")
+    accuracy.add_argument("--reserved-arena", action="store_true",
+                          help="reserve the emulated device's arena up front, as a GPU's, instead of growing it")
     accuracy.set_defaults(run=_accuracy)
     demo = commands.add_parser("demo", help="profile, plan and batch search on built-in examples (a few minutes)")
     demo.add_argument("--out", default="demo-output", help="folder for the plot and the plan")

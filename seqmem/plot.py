@@ -73,10 +73,11 @@ def plot_memory_curves(
 def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) -> str:
     """Write a PNG of the step's predicted memory before `plan` (as it runs) and after it (in the plan's
     pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
-    baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
+    baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
+                        reserved_arena=analysis.arena_reserved)
     planned = without_barriers(analysis) if plan.split_barriers else analysis
     planned = dataclasses.replace(planned, order=plan.pinned_order) if plan.pinned_order else planned
     after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
-                     scratch_bytes=planned.scratch_bytes)
+                     scratch_bytes=planned.scratch_bytes, reserved_arena=planned.arena_reserved)
     curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]
     return plot_memory_curves(path, analysis.timing, curves, title=title, budget_bytes=plan.budget_bytes)

@@ -143,7 +143,8 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
                       for ref in set(node.inputs) | {TensorRef(name, i) for i in range(len(node.outputs))})
             for name, node in graph.nodes.items()
         })
-        trace = simulate(graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
+        trace = simulate(graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
+                         reserved_arena=analysis.arena_reserved)
         peaks.append(trace.peak_bytes)
     scratch, persistent = analysis.scratch_bytes, trace.busiest().persistent_bytes
     budget = budget_mb * MIB - persistent

@@ -211,6 +211,8 @@ def _warm_arena() -> None:
     256 MiB region). On the emulated device the region is all the arena has left (its budget less 8 MiB is
     asked for, then halves); elsewhere 256 MiB. A failed allocation costs seconds (the allocator waits and
     retries), so sizes start within the arena."""
+    if device.arena_reserved():
+        return  # one free region already
     budget_mb = device.emulated_budget_mb()
     sizes = [_WARM_ARENA_BYTES] if budget_mb is None else \
         [(budget_mb - 8) << 20] + [(budget_mb << 20) >> halvings for halvings in range(1, 11)]

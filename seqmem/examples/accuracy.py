@@ -89,16 +89,16 @@ def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[i
 
 
 def measure_accuracy(cases=DEFAULT_CASES, budget_mb: int = 4096, timeout_s: float = 300.0,
-                     one_stream: bool = True) -> list[AccuracyRow]:
+                     one_stream: bool = True, reserved_arena: bool = False) -> list[AccuracyRow]:
     """Profile each (example, batch) in `cases` in its own emulated-device process.
 
     one_stream: one op at a time (see `runtime.device`), the simulator following the executor's order;
-    False: TensorFlow's default inter-op pool.
+    False: TensorFlow's default inter-op pool. reserved_arena: the arena reserved up front, not grown.
     """
     rows = []
     for name, batch in cases:
         run = run_with_budget(_measure_example, name, batch, budget_mb=budget_mb, timeout_s=timeout_s,
-                              one_stream=one_stream)
+                              one_stream=one_stream, reserved_arena=reserved_arena)
         if not run.ok:
             rows.append(AccuracyRow(name, batch, "as is", None, None, None, run.verdict))
             continue

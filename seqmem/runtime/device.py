@@ -18,6 +18,14 @@ compute stream: on the emulated device a swap is computed by the same threads.
 `one_stream=False` keeps TensorFlow's inter-op pool, which runs independent ops
 at once, in an order, and so with a peak, that varies from step to step.
 
+The arena: TensorFlow builds the CPU BFC arena in growth mode, regions of 2, 4,
+8, ... MiB opened as nothing free fits, so where region boundaries fall depends
+on everything the process allocated before. `reserved_arena=True` reserves it
+up front instead (`reserve_arena`): the 2 MiB region the process's first
+allocation opens, and one region of all the rest, as a GPU's arena is by
+default (`allow_growth` off). The simulator's allocator model follows the
+process's setting (`StepAnalysis.arena_reserved`).
+
 This module does not import TensorFlow at import time.
 """
 
@@ -56,13 +64,16 @@ _ENV_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 _ENV_LIMIT = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 _ENV_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 _ENV_INTER_OP = "SEQMEM_INTER_OP_THREADS"  # read by `apply_thread_settings`, not by TensorFlow
+_ENV_RESERVED_ARENA = "SEQMEM_RESERVED_ARENA"  # read by `reserve_arena`, not by TensorFlow
+_SEQMEM_SETTINGS = (_ENV_INTER_OP, _ENV_RESERVED_ARENA)
 
 
-def emulated_device_env(budget_mb: int, one_stream: bool = True) -> dict[str, str]:
+def emulated_device_env(budget_mb: int, one_stream: bool = True, reserved_arena: bool = False) -> dict[str, str]:
     """Environment variables that make the CPU an emulated device of `budget_mb` MiB.
 
     one_stream: run one op at a time (see the module docstring); False keeps
     TensorFlow's default inter-op thread pool.
+    reserved_arena: reserve the arena up front instead of growing it (see the module docstring).
     """
     check_budget_mb(budget_mb)
     env = {
@@ -72,6 +83,8 @@ def emulated_device_env(budget_mb: int, one_stream: bool = True) -> dict[str, st
     }
     if one_stream:
         env[_ENV_INTER_OP] = "1"
+    if reserved_arena:
+        env[_ENV_RESERVED_ARENA] = "1"
     return env
 
 
@@ -86,6 +99,32 @@ def apply_thread_settings() -> None:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(int(threads))  # a no-op when already set
+
+
+_arena_reserved = False
+
+
+def reserve_arena() -> None:
+    """Reserve the emulated device's arena, if this process was configured with `reserved_arena`: one
+    block of the whole budget less the 2 MiB region its shape tensor opens, allocated unwritten and freed.
+
+    Must run before anything else allocates on the device; does nothing otherwise, or a second time.
+    """
+    global _arena_reserved
+    budget_mb = emulated_budget_mb()
+    if _arena_reserved or budget_mb is None or not os.environ.get(_ENV_RESERVED_ARENA):
+        return
+    import tensorflow as tf
+
+    if budget_mb > 2:  # an arena of 2 MiB or less is its first region alone
+        block = tf.raw_ops.Empty(shape=[budget_mb - 2, 1 << 20], dtype=tf.uint8)
+        del block
+    _arena_reserved = True
+
+
+def arena_reserved() -> bool:
+    """Whether `reserve_arena` reserved this process's arena up front."""
+    return _arena_reserved
 
 
 def check_budget_mb(value: Any, name: str = "budget_mb") -> float:
@@ -110,26 +149,28 @@ def available_host_bytes() -> int | None:
         return None
 
 
-def configure_emulated_device(budget_mb: int, one_stream: bool = True) -> None:
+def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_arena: bool = False) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
-    one_stream: one op at a time (see the module docstring; imports
-    TensorFlow to set it). Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
+    one_stream: one op at a time; reserved_arena: the arena reserved up front (see the module docstring;
+    both import TensorFlow to take effect). Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
     if TensorFlow is already loaded with other settings (use `run_with_budget`,
     which starts a fresh process), ValueError for a non-positive budget.
     """
-    wanted = emulated_device_env(budget_mb, one_stream)
+    wanted = emulated_device_env(budget_mb, one_stream, reserved_arena)
     if "tensorflow" in sys.modules:
-        if all(os.environ.get(k) == wanted.get(k) for k in (*wanted, _ENV_INTER_OP)):
+        if all(os.environ.get(k) == wanted.get(k) for k in (*wanted, *_SEQMEM_SETTINGS)):
             return
         raise TensorFlowAlreadyInitializedError(
             "TensorFlow is already imported in this process, so the emulated device's memory limit can no "
             "longer take effect; call configure_emulated_device() before importing tensorflow, or use "
             "seqmem.runtime.device.run_with_budget() to run in a fresh process"
         )
-    os.environ.pop(_ENV_INTER_OP, None)
+    for setting in _SEQMEM_SETTINGS:
+        os.environ.pop(setting, None)
     os.environ.update(wanted)
     apply_thread_settings()
+    reserve_arena()
 
 
 def emulated_budget_mb() -> int | None:
@@ -215,11 +256,12 @@ def run_with_budget(
     timeout_s: float = 600.0,
     one_stream: bool = True,
     stall_s: float | None = None,
+    reserved_arena: bool = False,
     **kwargs: Any,
 ) -> BudgetRun:
     """Run `function(*args, **kwargs)` in a fresh process on an emulated device of `budget_mb` MiB.
 
-    one_stream: one op at a time (see the module docstring).
+    one_stream: one op at a time; reserved_arena: the arena reserved up front (see the module docstring).
     stall_s: stop the process once it has sat idle this many seconds and
     report "oom" (a step waiting on a full arena, in seconds instead of the
     allocator's 10 s per waiting allocation). Only for jobs in which nothing
@@ -229,9 +271,8 @@ def run_with_budget(
     and its arguments and result picklable. Never raises for what happens in the
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
     """
-    env = dict(os.environ)
-    env.pop(_ENV_INTER_OP, None)
-    env.update(emulated_device_env(budget_mb, one_stream))
+    env = {name: value for name, value in os.environ.items() if name not in _SEQMEM_SETTINGS}
+    env.update(emulated_device_env(budget_mb, one_stream, reserved_arena))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the child's stderr is kept only for a crash's message
     with tempfile.TemporaryDirectory(prefix="seqmem-budget-") as workdir:
         job_path = os.path.join(workdir, "job.pkl")
@@ -274,6 +315,7 @@ def _worker(job_path: str, result_path: str) -> None:
     import tensorflow as tf
 
     apply_thread_settings()
+    reserve_arena()
 
     def stalled(idle_s: float) -> None:
         _write_result(result_path, _stall_verdict(idle_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any, Optional, Union
@@ -16,6 +17,7 @@ from seqmem.edge.bodies import body_bytes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.runtime import device
 from seqmem.sim.simulator import simulate
 from seqmem.swap.plan import LoopSwap
 
@@ -44,8 +46,9 @@ def analyze_function(
 
         measured = measure_scratch_bytes(graph)
     swaps, held_by_bodies = _loops_and_calls(graph)
-    return analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
-                         inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies)
+    analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
+                             inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies)
+    return dataclasses.replace(analysis, arena_reserved=device.arena_reserved())
 
 
 def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
@@ -68,4 +71,5 @@ def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int
     measure_scratch: probe kernels' scratch memory on the measuring device, as `optimize` does.
     """
     analysis = analyze_function(function, measure_scratch=measure_scratch)
-    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes).peak_bytes
+    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
+                    reserved_arena=analysis.arena_reserved).peak_bytes

@@ -11,13 +11,18 @@ model of the allocator to predict them:
   `bfc_allocator.cc`: 256-byte granularity; the smallest free chunk that fits
   (lowest address among equals); split only when the chunk is at least twice
   the rounded request or the remainder is at least 128 MiB; adjacent free
-  chunks of a region merge on free; when nothing fits, a new region is
-  allocated, doubling in size (growth mode). The first region, 2 MiB, exists
-  from the start: a process's first allocations are small ones, made before
-  any model exists, so a model's first large tensor opens the second region.
-  (Opening the first region for the mlp example's 3 MiB kernel, 4 MiB,
-  shifted every later region: its pinned step was predicted at 52.1 MB, 50.0
-  now, for 48.1 measured.)
+  chunks of a region merge on free. The first region, 2 MiB, exists from the
+  start: a process's first allocations are small ones, made before any model
+  exists. Then either
+  - growth mode (TensorFlow's CPU arena): when nothing fits, a new region is
+    allocated, doubling in size, so a model's first large tensor opens the
+    second region. (Opening the first region for the mlp example's 3 MiB
+    kernel, 4 MiB, shifted every later region: its pinned step was predicted
+    at 52.1 MB, 50.0 then, for 48.1 measured.) Or
+  - a reserved arena (`reserved=True`, as `seqmem.runtime.device.reserve_arena`
+    leaves the emulated device's, and as a GPU's arena is by default): the
+    second region is all the rest of the arena (unbounded without a limit),
+    at lower addresses, and nothing grows.
 
 A request may be made of equal pieces (a TensorList's elements, each a buffer
 of its own): the models place each piece and free them together.
@@ -36,6 +41,7 @@ __all__ = ["BFCAllocatorModel", "ExactAllocator"]
 _GRANULE = 256
 _MAX_INTERNAL_FRAGMENTATION = 128 << 20
 _INITIAL_REGION = 2 << 20
+_UNBOUNDED = 1 << 60
 
 
 class ExactAllocator:
@@ -68,13 +74,13 @@ class _Chunk:
 
 
 class BFCAllocatorModel:
-    """A model of TensorFlow's BFC allocator in growth mode.
+    """A model of TensorFlow's BFC allocator, in growth mode or over a reserved arena (`reserved`).
 
     limit_bytes: the arena's size; None for unlimited. Raises SimulatedOutOfMemoryError when a
     request cannot be met within it.
     """
 
-    def __init__(self, limit_bytes: int | None = None) -> None:
+    def __init__(self, limit_bytes: int | None = None, reserved: bool = False) -> None:
         self.limit_bytes = limit_bytes
         self.in_use_bytes = 0
         self.region_bytes = 0
@@ -84,7 +90,13 @@ class BFCAllocatorModel:
         self._pieces: dict[int, list[int]] = {}  # handle of a request in pieces -> its chunks' handles
         self._ids = itertools.count()
         self._regions = 0
-        self._extend(_GRANULE)
+        self._reserved = reserved
+        first = _INITIAL_REGION if limit_bytes is None else min(_INITIAL_REGION, limit_bytes // _GRANULE * _GRANULE)
+        self._add_region(first, address=2 * _UNBOUNDED if reserved else 0)  # reserved: above the rest
+        self._next_region *= 2
+        rest = _UNBOUNDED if limit_bytes is None else (limit_bytes - first) // _GRANULE * _GRANULE
+        if reserved and rest:  # an arena of 2 MiB or less is its first region alone
+            self._add_region(rest, address=0)
 
     def allocate(self, size_bytes: int, pieces: int = 1) -> int:
         """Allocate a chunk for `size_bytes`, or `pieces` chunks of `size_bytes // pieces` each, one after
@@ -125,6 +137,9 @@ class BFCAllocatorModel:
         bisect.insort(self._free, (chunk.size, chunk.address, handle))
 
     def _extend(self, rounded: int) -> None:
+        if self._reserved:
+            raise SimulatedOutOfMemoryError(f"cannot allocate {rounded} bytes: no free chunk that large in the "
+                                            f"reserved {self.limit_bytes}-byte arena ({self.in_use_bytes} bytes in use)")
         available = None if self.limit_bytes is None else (self.limit_bytes - self.region_bytes) // _GRANULE * _GRANULE
         if available is not None and rounded > available:
             raise SimulatedOutOfMemoryError(f"cannot allocate {rounded} bytes: {available} bytes left of {self.limit_bytes}")
@@ -135,11 +150,14 @@ class BFCAllocatorModel:
         size = self._next_region if available is None else min(self._next_region, available)
         if not increased:
             self._next_region *= 2
+        self._add_region(size, address=self.region_bytes + self._regions * _GRANULE)
+
+    def _add_region(self, size: int, address: int) -> None:
         handle = next(self._ids)
-        self._chunks[handle] = _Chunk(address=self.region_bytes + self._regions * _GRANULE, size=size, region=self._regions)
+        self._chunks[handle] = _Chunk(address=address, size=size, region=self._regions)
         self._regions += 1
         self.region_bytes += size
-        bisect.insort(self._free, (size, self._chunks[handle].address, handle))
+        bisect.insort(self._free, (size, address, handle))
 
     def _split(self, handle: int, rounded: int) -> None:
         chunk = self._chunks[handle]

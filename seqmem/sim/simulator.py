@@ -149,8 +149,8 @@ class _Buffer:
 class _DeviceMemory:
     """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent."""
 
-    def __init__(self, allocator: str, limit_bytes: int | None) -> None:
-        self.model = BFCAllocatorModel(limit_bytes) if allocator == "bfc" else ExactAllocator()
+    def __init__(self, allocator: str, limit_bytes: int | None, reserved_arena: bool) -> None:
+        self.model = BFCAllocatorModel(limit_bytes, reserved_arena) if allocator == "bfc" else ExactAllocator()
         self.tensor_bytes = 0
         self.persistent_bytes = 0
         self.tensor_persistent_bytes = 0
@@ -183,6 +183,7 @@ def simulate(
     allocator: str = "exact",
     scratch_bytes: Mapping[str, int] | None = None,
     limit_bytes: int | None = None,
+    reserved_arena: bool = False,
 ) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
@@ -194,6 +195,8 @@ def simulate(
     (default: `sim.scratch.static_scratch_bytes`, a model of the largest known ones).
     limit_bytes: the arena's size for the "bfc" model; its regions cannot grow
     past it, so fragmentation can exhaust it before the bytes in use do.
+    reserved_arena: the "bfc" model's arena is reserved up front instead of grown
+    (`StepAnalysis.arena_reserved`, `seqmem.sim.allocator`).
     Raises ValueError if `order` is not a valid schedule of the graph, a swap
     refers to nodes out of order, or `allocator` is unknown; SimulatedOutOfMemoryError when the
     "bfc" model cannot place a buffer within `limit_bytes`.
@@ -206,10 +209,11 @@ def simulate(
     if scratch_bytes is None:
         scratch_bytes = static_scratch_bytes(graph)
     memories: dict[str, _DeviceMemory] = {}
-    _instantiate(graph, memories, (allocator, limit_bytes))
+    model = (allocator, limit_bytes, reserved_arena)
+    _instantiate(graph, memories, model)
     if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
-    return _run(graph, order, position, swap_by_tensor, memories, (allocator, limit_bytes), scratch_bytes)
+        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
+    return _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
 
 
 def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:

@@ -30,6 +30,17 @@ def crash():
     os.abort()
 
 
+def allocate_nearly_the_budget_after_small_tensors(budget_mb):
+    import tensorflow as tf
+
+    freed = tf.ones([5 * 1024 * 256])  # 5 MiB: in a growing arena, a region of 8 MiB
+    del freed
+    kept = tf.ones([1024 * 256])  # 1 MiB, given the first region's free chunk (under twice that) whole
+    total = float(tf.reduce_sum(kept))
+    block = tf.raw_ops.Empty(shape=[budget_mb - 4, 1 << 20], dtype=tf.uint8)
+    return device.arena_reserved(), int(block.shape[0]), total
+
+
 @pytest.mark.device
 def test_run_with_budget_reports_ok_and_oom():
     ok = device.run_with_budget(allocate_mb, 8, budget_mb=64)
@@ -56,9 +67,21 @@ def test_one_stream_by_default_runs_one_op_at_a_time():
     assert device.run_with_budget(inter_op_threads, budget_mb=64, one_stream=False).value == 0  # TF's own pool
 
 
+@pytest.mark.device
+def test_a_reserved_arena_lets_one_tensor_take_nearly_all_of_it_after_others():
+    # grown instead, the arena's regions of 2 and 8 MiB leave 54 MiB for a 60 MiB tensor
+    run = device.run_with_budget(allocate_nearly_the_budget_after_small_tensors, 64, budget_mb=64, reserved_arena=True)
+    assert run.ok, run.message
+    assert run.value == (True, 60, 1024 * 256)
+    grown = device.run_with_budget(allocate_nearly_the_budget_after_small_tensors, 64, budget_mb=64, stall_s=2)
+    assert grown.verdict == "oom"
+
+
 def test_one_stream_is_part_of_the_emulated_device_environment():
     assert device.emulated_device_env(64)["SEQMEM_INTER_OP_THREADS"] == "1"
     assert "SEQMEM_INTER_OP_THREADS" not in device.emulated_device_env(64, one_stream=False)
+    assert device.emulated_device_env(64, reserved_arena=True)["SEQMEM_RESERVED_ARENA"] == "1"
+    assert "SEQMEM_RESERVED_ARENA" not in device.emulated_device_env(64)
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), "12", True])

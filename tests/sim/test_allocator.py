@@ -66,3 +66,45 @@ def test_bfc_limit_raises_out_of_memory():
     model.allocate(3 * MB)  # regions of 2 and 4 MiB: 2 MiB left
     with pytest.raises(SimulatedOutOfMemoryError, match="cannot allocate"):
         model.allocate(3 * MB)
+
+
+def test_reserved_bfc_hands_out_a_chunk_under_twice_the_request_whole():
+    # As measured on TF 2.15's CPU BFC arena: a 9 MiB tensor placed in a free 16 MiB chunk takes it whole.
+    model = BFCAllocatorModel(reserved=True)
+    hole = model.allocate(16 * MB)
+    model.allocate(4 * MB)  # after it, so that the 16 MiB chunk, freed, stays a chunk of its own
+    model.free(hole)
+    model.allocate(9 * MB)
+    assert model.in_use_bytes == 4 * MB + 16 * MB
+
+
+def test_reserved_bfc_places_a_request_in_pieces_chunk_by_chunk_and_frees_them_together():
+    # A TensorList of ten 1 MiB elements in an arena of 2 + 16 MiB: two fill the first region, eight are
+    # split off the 16 MiB one, unpadded; as one 10 MiB request it would take the 16 MiB region whole.
+    model = BFCAllocatorModel(limit_bytes=18 * MB, reserved=True)
+    handle = model.allocate(10 * MB, pieces=10)
+    assert model.in_use_bytes == 10 * MB
+    model.free(handle)
+    assert model.in_use_bytes == 0
+    whole = BFCAllocatorModel(limit_bytes=18 * MB, reserved=True)
+    whole.allocate(10 * MB)
+    assert whole.in_use_bytes == 16 * MB
+
+
+def test_reserved_bfc_arena_is_a_2_mib_region_and_the_rest_of_the_limit():
+    model = BFCAllocatorModel(limit_bytes=8 * MB, reserved=True)
+    model.allocate(6 * MB)  # the second region, 6 MiB, whole
+    model.allocate(1 * MB)  # half the first
+    assert model.in_use_bytes == 7 * MB
+    with pytest.raises(SimulatedOutOfMemoryError, match="no free chunk"):
+        model.allocate(2 * MB)  # 1 MiB left, in the first region
+
+
+def test_reserved_bfc_without_a_limit_has_an_unbounded_second_region_and_a_small_arena_only_the_first():
+    model = BFCAllocatorModel(reserved=True)
+    model.allocate(600 * MB)
+    assert model.in_use_bytes == 600 * MB
+    small = BFCAllocatorModel(limit_bytes=2 * MB, reserved=True)
+    small.allocate(1 * MB)
+    with pytest.raises(SimulatedOutOfMemoryError, match="reserved"):
+        small.allocate(2 * MB)

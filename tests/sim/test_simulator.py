@@ -45,6 +45,17 @@ def test_the_bfc_model_places_a_body_in_pieces_and_a_kernels_scratch_whole():
         assert bfc.live_bytes[0] == chunks and bfc.tensor_live_bytes[0] == 10 * mib + 4, op
 
 
+def test_the_bfc_model_of_a_reserved_arena_pads_only_in_chunks_it_has_freed_or_its_regions():
+    # arena of 2 + 16 MiB reserved up front: a list of ten 1 MiB elements unpadded, one 10 MiB output given
+    # the 16 MiB region whole; without a limit the second region is unbounded and split exactly
+    mib = 1 << 20
+    listed = TensorInfo("variant", (), 10 * mib, element_bytes=mib)
+    for output, limit, chunks in ((listed, 18 * mib, 10 * mib), (10 * mib, 18 * mib, 16 * mib), (10 * mib, None, 10 * mib)):
+        g = graph(node("loop", "While", outputs=(output,)), node("out", "Op", ["loop"], outputs=(4,)))
+        bfc = simulate(g, _order(g), allocator="bfc", limit_bytes=limit, reserved_arena=True).devices[""]
+        assert bfc.live_bytes[0] == chunks, (output, limit)
+
+
 def test_the_bfc_model_places_variables_before_the_step_in_graph_order_whatever_reads_them_first():
     # two 1.5 MiB variables, created (graph order) before a 0.5 MiB transient exists: each takes a chunk of
     # its own region (2 MiB, unsplit, then 1.5 MiB of a 4 MiB one), as in an arena they were created in,
