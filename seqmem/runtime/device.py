@@ -153,9 +153,9 @@ def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
     one_stream: one op at a time; reserved_arena: the arena reserved up front (see the module docstring;
-    both import TensorFlow to take effect). Must run before TensorFlow is imported. Raises TensorFlowAlreadyInitializedError
-    if TensorFlow is already loaded with other settings (use `run_with_budget`,
-    which starts a fresh process), ValueError for a non-positive budget.
+    both import TensorFlow to take effect). Must run before TensorFlow is imported. Raises
+    TensorFlowAlreadyInitializedError if TensorFlow is already loaded with other settings (use
+    `run_with_budget`, which starts a fresh process), ValueError for a non-positive budget.
     """
     wanted = emulated_device_env(budget_mb, one_stream, reserved_arena)
     if "tensorflow" in sys.modules:

@@ -50,7 +50,8 @@ def test_the_bfc_model_of_a_reserved_arena_pads_only_in_chunks_it_has_freed_or_i
     # the 16 MiB region whole; without a limit the second region is unbounded and split exactly
     mib = 1 << 20
     listed = TensorInfo("variant", (), 10 * mib, element_bytes=mib)
-    for output, limit, chunks in ((listed, 18 * mib, 10 * mib), (10 * mib, 18 * mib, 16 * mib), (10 * mib, None, 10 * mib)):
+    cases = ((listed, 18 * mib, 10 * mib), (10 * mib, 18 * mib, 16 * mib), (10 * mib, None, 10 * mib))
+    for output, limit, chunks in cases:
         g = graph(node("loop", "While", outputs=(output,)), node("out", "Op", ["loop"], outputs=(4,)))
         bfc = simulate(g, _order(g), allocator="bfc", limit_bytes=limit, reserved_arena=True).devices[""]
         assert bfc.live_bytes[0] == chunks, (output, limit)
