@@ -56,8 +56,8 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
     allocated: restored so after every calibration or measurement, ResNet-50's 254 MB of weights and slots
     (batch 600) moved through its 1024 MB arena. Two in-place writes instead:
 
-    - a variable in TensorFlow's copy-on-read mode (those the steps seqmem rewrites assign in place,
-      `seqmem.edge.in_place`) gets `var[:] = value` (`ResourceStridedSliceAssign`): any other update would
+    - a variable in TensorFlow's copy-on-read mode (one a sparse op touched, `seqmem.edge.copy_on_read`)
+      gets `var[:] = value` (`ResourceStridedSliceAssign`): any other update would
       copy it to a new buffer first;
     - any other variable gets `AssignSub` of a copy of itself, then `AssignAdd` of the value, which update
       the buffer in place without changing the variable's mode: v - copy(v) is exactly 0 where v is finite,

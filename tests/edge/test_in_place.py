@@ -1,10 +1,12 @@
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.ops.gen_resource_variable_ops import read_variable_op
 
 from seqmem.edge import capture
-from seqmem.edge.in_place import WHOLE_SLICE_PREFIX, assign_in_place
+from seqmem.edge.in_place import COPY_ON_READ_OFF_SUFFIX, WHOLE_SLICE_PREFIX, assign_in_place
 from seqmem.ir.graph import TensorInfo, TensorRef
+from seqmem.runtime.measure import _copies_on_read
 from seqmem.runtime.optimized_step import graph_def_runner
 from tests.builders import graph, node
 
@@ -18,6 +20,7 @@ def _assigning(value_shape=(4,), read_shape=(4,), dtype="float32", handle_op="Pl
         node("value", "Mul", ["read"], outputs=(TensorInfo(dtype, value_shape, 16),)),
         node("ready", "NoOp", outputs=()),
         node("assign", "AssignVariableOp", ["m", "value"], outputs=(), control=["ready"], attrs={"dtype": float32}),
+        node("sink", "NoOp", outputs=(), control=["assign", "ready"]),
     )
 
 
@@ -32,6 +35,9 @@ def test_an_assignment_becomes_a_whole_slice_assignment_with_its_inputs_and_cont
     assert assign.control_inputs == ("ready",)
     assert assign.attrs["begin_mask"].i == assign.attrs["end_mask"].i == 1
     assert assign.attrs["T"].type == tf.float32.as_datatype_enum
+    off = in_place.node(f"assign/{COPY_ON_READ_OFF_SUFFIX}")
+    assert (off.op, off.inputs, off.control_inputs) == ("DisableCopyOnRead", (TensorRef("m"),), ("assign",))
+    assert in_place.node("sink").control_inputs == (off.name, "ready")
 
 
 def test_scalars_unknown_or_other_shapes_non_numeric_values_and_initializers_are_left_alone():
@@ -59,3 +65,4 @@ def test_the_rewritten_step_computes_what_the_original_did_bit_for_bit():
     runner = graph_def_runner(function, in_place)
     assert [float(runner(g)[0]) for _ in range(3)] == losses
     np.testing.assert_array_equal(m.numpy(), expected)
+    assert not _copies_on_read(m.handle, read_variable_op(m.handle, tf.float32))  # reads are the buffer again

@@ -45,7 +45,7 @@ def test_variables_are_restored_bit_for_bit_in_the_buffers_they_had():
     signed_zero = tf.Variable(tf.constant([-0.0, 1.0]))
     flags = tf.Variable([True, False])
     slot = tf.Variable(tf.zeros([16, 8]))
-    slot[:].assign(tf.fill([16, 8], 0.5))  # a sliced write: copy-on-read mode, as seqmem's in-place assignments
+    slot[:].assign(tf.fill([16, 8], 0.5))  # a sliced write: copy-on-read mode, as a sparse op leaves a variable
     every = [weights, steps, signed_zero, flags, slot]
     before = [v.numpy().tobytes() for v in every]
     with variables_restored(every):
