@@ -141,8 +141,9 @@ def keras_fit(batch, seqmem_budget_mb=None, epochs=2, example="cnn"):
 def later_oom(name, batch, budget_mb, arena_mb, steps=2):
     """An example's step optimized for `budget_mb`, then called `steps` times while the arena (of `arena_mb`)
     holds tensors that leave the step less room than calibration measured it using: (log lines, losses,
-    variables, targets of the plan before and after, measured peak). Without `budget_mb`: the original step's
-    (losses, variables) on the same inputs."""
+    variables, targets of the plan before and after, measured peak), or (None, log lines, the error's last line)
+    when a call ran out of memory for good. Without `budget_mb`: the original step's (losses, variables) on the
+    same inputs."""
     import logging
 
     import tensorflow as tf
@@ -176,5 +177,8 @@ def later_oom(name, batch, budget_mb, arena_mb, steps=2):
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
     logging.getLogger("seqmem").addHandler(handler)
-    losses = [float(step(*args)) for _ in range(steps)]
+    try:
+        losses = [float(step(*args)) for _ in range(steps)]
+    except tf.errors.ResourceExhaustedError as error:  # the error's last line is seqmem's note
+        return None, lines, error.message.splitlines()[-1]
     return lines, losses, [v.numpy() for v in example.model.variables], planned, step.plan.target_bytes, measured

@@ -1,11 +1,12 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from seqmem.errors import TensorFlowAlreadyInitializedError
-from seqmem.runtime import device
+from seqmem.runtime import device, fork_server
 
 
 def allocate_mb(megabytes):
@@ -54,11 +55,35 @@ def test_run_with_budget_reports_ok_and_oom():
 
 
 @pytest.mark.device
+def test_each_forked_run_starts_a_fresh_arena_with_its_own_budget():
+    small = device.run_with_budget(allocate_mb, 100, budget_mb=64, stall_s=2)
+    large = device.run_with_budget(allocate_mb, 100, budget_mb=256)  # forked from the same server
+    after = device.run_with_budget(allocate_mb, 8, budget_mb=64)
+    assert small.verdict == "oom" and large.ok and after.ok
+    assert large.value[1] >= 100 << 20 and (8 << 20) <= after.value[1] < (16 << 20)  # none of the run before
+
+
+def test_a_job_with_onednn_on_is_refused_before_it_is_forked(tmp_path):
+    # the fork server imported TensorFlow with oneDNN off, which TensorFlow reads on import
+    env = {**device.emulated_device_env(64), "TF_ENABLE_ONEDNN_OPTS": "1"}
+    with pytest.raises(RuntimeError, match="TF_ENABLE_ONEDNN_OPTS=0"):
+        fork_server.run_forked("os:getpid", (), env, str(tmp_path), timeout_s=5)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.device
 def test_run_with_budget_reports_errors_and_crashes_without_raising():
     error = device.run_with_budget(raise_value_error, budget_mb=64)
     assert error.verdict == "error" and "ValueError: boom" in error.message
     crashed = device.run_with_budget(crash, budget_mb=64)
     assert crashed.verdict == "crashed" and crashed.message.startswith("exit status -6 (SIGABRT)")
+
+
+@pytest.mark.device
+def test_a_job_past_its_timeout_is_killed_and_the_next_one_runs():
+    late = device.run_with_budget(time.sleep, 60, budget_mb=64, timeout_s=3)
+    assert late.verdict == "timeout" and "3 s" in late.message
+    assert device.run_with_budget(inter_op_threads, budget_mb=64).ok
 
 
 @pytest.mark.device

@@ -248,9 +248,21 @@ def test_a_step_that_runs_out_of_memory_later_before_any_update_replans_once_and
     # the lstm example at batch 64 runs out of memory at its loss (the forward pass: every variable update
     # waits for it, so none ran) and re-plans; it peaks at 72 MB with its loops bounded and 45 MB with its
     # loop lists swapped (docs/results.md): room to plan for less.
+    # Where the call runs out of memory varies by process: the blockers are sized from calibration's measured
+    # peak, which for this plan measured 55.7-69.3 MB in 12 processes (2026-11-27). Where it fails early, in
+    # a node that not every variable update waits for (gradients/zeros_like, 3 processes in 27), the step
+    # rightly raises instead of running again: then another fresh process, up to three.
     original = run_with_budget(optimize_jobs.later_oom, "lstm", 64, None, None, budget_mb=4096)
-    run = run_with_budget(optimize_jobs.later_oom, "lstm", 64, 70, 90, budget_mb=90)
-    assert original.verdict == "ok" and run.verdict == "ok", (original, run)
+    assert original.ok, original.message
+    for _ in range(3):
+        run = run_with_budget(optimize_jobs.later_oom, "lstm", 64, 70, 90, budget_mb=90)
+        assert run.ok, run.message
+        if run.value[0] is not None:
+            break
+        _, logged, note = run.value
+        refused = note.startswith("seqmem: the plan predicted") and "re-planning" not in note
+        assert not logged and refused, (logged, note)  # refused, not re-planned
+    assert run.value[0] is not None, "refused in 3 of 3 fresh processes"
     lines, losses, variables, planned, replanned, measured = run.value
     assert measured <= 70 << 20 and replanned < planned
     assert len(lines) == 1 and "ran out of memory" in lines[0] and "running it again" in lines[0], lines

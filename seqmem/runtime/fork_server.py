@@ -1,0 +1,179 @@
+"""Fresh processes without the import: a server that has imported TensorFlow forks one per job.
+
+`runtime.device.run_with_budget` needs a fresh process per job, as TensorFlow
+reads the emulated device's settings once. Starting Python and importing
+TensorFlow takes about 4 s; the server does it once, with oneDNN off (which
+TensorFlow reads on import), and forks a child per job. TensorFlow reads the
+arena's settings when it first allocates, not on import, so each child starts
+with a fresh arena under its own job's environment.
+
+The protocol: the parent writes one JSON request per line to the server's
+stdin. For each, the server forks a supervisor, which forks the worker, then
+writes into the job's folder the worker's pid (`pid`) and, once it has ended,
+its exit status (`exit_status`: the code, or minus the signal that ended it),
+each file written whole. The worker takes the job's environment, working
+directory and import path, sends its stdout to /dev/null and its stderr to the
+folder's `stderr`, and calls the job's function. The server exits when its stdin
+closes, that is, with the process that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+__all__ = ["run_forked"]
+
+# What the server imports before it forks, and the environment it imports it in (on top of the parent's).
+_PRELOADED = ("tensorflow", "seqmem.runtime.optimize")
+_IMPORT_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+_POLL_S = 0.02
+_REPORT_S = 30.0  # how long a supervisor may take to report on a worker it was told to kill
+
+_lock = threading.Lock()
+_server: Optional[subprocess.Popen] = None
+
+
+def run_forked(target: str, args: Sequence[str], env: Mapping[str, str], folder: str,
+               timeout_s: float) -> Optional[int]:
+    """Run `target(*args)` ("module:function", string arguments) in a child forked from the server, with
+    environment `env`, this process's working directory and import path; its stderr goes to
+    `folder`/stderr. Returns the child's exit status (minus the signal that ended it), or None when it ran
+    past `timeout_s` seconds and was killed. Raises RuntimeError if the server cannot start, or when `env`
+    disagrees with what the server imported TensorFlow under (`_IMPORT_ENV`)."""
+    onednn = env.get("TF_ENABLE_ONEDNN_OPTS")
+    if onednn != _IMPORT_ENV["TF_ENABLE_ONEDNN_OPTS"]:
+        raise RuntimeError(f"forked jobs run with TF_ENABLE_ONEDNN_OPTS=0, which TensorFlow reads on import; the "
+                           f"job's environment has {onednn!r}")
+    request = {"target": target, "args": list(args), "env": dict(env), "cwd": os.getcwd(),
+               "path": [os.getcwd()] + [p for p in sys.path if p], "folder": folder}
+    line = (json.dumps(request) + "\n").encode()
+    with _lock:
+        try:
+            _started().stdin.write(line)
+            _server.stdin.flush()
+        except (BrokenPipeError, OSError):  # the server died since the last job: start another
+            _stop()
+            _started().stdin.write(line)
+            _server.stdin.flush()
+    status_path = os.path.join(folder, "exit_status")
+    timed_out = not _wait_for(status_path, timeout_s)
+    if timed_out:
+        if _wait_for(os.path.join(folder, "pid"), _REPORT_S):
+            with open(os.path.join(folder, "pid")) as pid:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(int(pid.read()), signal.SIGKILL)
+        if not _wait_for(status_path, _REPORT_S):
+            raise RuntimeError(f"seqmem's fork server did not report on a job within {_REPORT_S:.0f} s of its "
+                               f"{timeout_s:.0f} s timeout")
+    with open(status_path) as status:
+        code = int(status.read())
+    return None if timed_out else code
+
+
+def _wait_for(path: str, seconds: float) -> bool:
+    """Whether `path` exists within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def _started() -> subprocess.Popen:
+    """The server, started (and ready: it has imported `_PRELOADED`) if it was not running."""
+    global _server
+    if _server is not None and _server.poll() is None:
+        return _server
+    env = {**os.environ, **_IMPORT_ENV}
+    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        env.pop(name, None)
+    with tempfile.TemporaryFile() as stderr:
+        server = subprocess.Popen([sys.executable, "-m", "seqmem.runtime.fork_server"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=stderr, env=env)
+        if server.stdout.readline() != b"ready\n":
+            server.wait()
+            stderr.seek(0)
+            tail = stderr.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"seqmem's fork server exited on start ({server.returncode}):\n{tail}")
+    _server = server
+    return server
+
+
+def _stop() -> None:
+    global _server
+    if _server is not None:
+        _server.kill()
+        _server.wait()
+        _server = None
+
+
+def _serve() -> None:
+    """Server side: import `_PRELOADED`, say so, then fork a supervisor per request until stdin closes."""
+    for module in _PRELOADED:
+        importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the supervisors are reaped by the kernel
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the import's messages are past; a server has nothing to say
+    sys.stdout.buffer.write(b"ready\n")
+    sys.stdout.flush()
+    for line in sys.stdin.buffer:
+        if os.fork() == 0:
+            _supervise(json.loads(line))
+
+
+def _supervise(request: dict) -> None:
+    """Fork the worker, record its pid and then its exit status in the request's folder; never returns."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    folder = request["folder"]
+    worker = os.fork()
+    if worker == 0:
+        _work(request)
+    _write_whole(os.path.join(folder, "pid"), str(worker))
+    _, status = os.waitpid(worker, 0)
+    _write_whole(os.path.join(folder, "exit_status"), str(os.waitstatus_to_exitcode(status)))
+    os._exit(0)
+
+
+def _work(request: dict) -> None:
+    """Worker side: take the job's environment, directory, path and streams, run it; never returns."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[:] = request["path"]
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.dup2(os.open(os.path.join(request["folder"], "stderr"), os.O_WRONLY | os.O_CREAT, 0o600), 2)
+        sys.stdin.close()
+        module, function = request["target"].split(":")
+        getattr(importlib.import_module(module), function)(*request["args"])
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported on the worker's stderr, as a fresh interpreter would
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _write_whole(path: str, text: str) -> None:
+    with open(path + ".partial", "w") as file:
+        file.write(text)
+    os.replace(path + ".partial", path)
+
+
+if __name__ == "__main__":
+    _serve()
