@@ -271,6 +271,7 @@ def run_with_budget(
     `function` must be importable by module and name (a module-level function),
     and its arguments and result picklable. Never raises for what happens in the
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
+    Raises RuntimeError if the fork server the child comes from cannot start.
     """
     env = {name: value for name, value in os.environ.items() if name not in _SEQMEM_SETTINGS}
     env.update(emulated_device_env(budget_mb, one_stream, reserved_arena))
@@ -287,8 +288,11 @@ def run_with_budget(
         if os.path.exists(result_path):
             with open(result_path, "rb") as result:
                 return pickle.load(result)
-        with open(os.path.join(workdir, "stderr"), "rb") as stderr:
-            tail = stderr.read().decode(errors="replace")[-2000:]
+        stderr_path = os.path.join(workdir, "stderr")  # none if the child died before it took its streams
+        tail = ""
+        if os.path.exists(stderr_path):
+            with open(stderr_path, "rb") as stderr:
+                tail = stderr.read().decode(errors="replace")[-2000:]
         return BudgetRun("crashed", message=f"exit status {_exit_status(exit_status)}\n{tail}")
 
 
