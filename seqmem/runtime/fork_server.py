@@ -129,11 +129,14 @@ def _serve() -> None:
     sys.stdout.flush()
     for line in sys.stdin.buffer:
         if os.fork() == 0:
-            _supervise(json.loads(line))
+            try:
+                _supervise(json.loads(line))
+            finally:  # whatever happened, a supervisor must never go on serving requests
+                os._exit(0)
 
 
 def _supervise(request: dict) -> None:
-    """Fork the worker, record its pid and then its exit status in the request's folder; never returns."""
+    """Fork the worker, record its pid and then its exit status in the request's folder."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     folder = request["folder"]
     worker = os.fork()
@@ -142,7 +145,6 @@ def _supervise(request: dict) -> None:
     _write_whole(os.path.join(folder, "pid"), str(worker))
     _, status = os.waitpid(worker, 0)
     _write_whole(os.path.join(folder, "exit_status"), str(os.waitstatus_to_exitcode(status)))
-    os._exit(0)
 
 
 def _work(request: dict) -> None:
