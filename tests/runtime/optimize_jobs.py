@@ -49,13 +49,17 @@ def fitting_step(name, batch, steps=2):
             step.plan.predicted_peak_after_bytes)
 
 
-def _optimized_below_its_peak(example, **options):
-    """`optimize` of an example's step for the largest budget in 80-98% of its predicted peak that has a plan."""
+FRACTIONS = (0.8, 0.85, 0.9, 0.95, 0.98)
+
+
+def _optimized_below_its_peak(example, fractions=FRACTIONS, **options):
+    """`optimize` of an example's step for the smallest budget, of `fractions` of its predicted peak tried
+    from the lowest, that has a plan (each infeasible try costs a full planning: 10-14 s for the resnet)."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.optimize import optimize
 
     before = optimize(example.step, 1e6, input_signature=example.input_specs).plan.predicted_peak_before_bytes
-    for fraction in (0.8, 0.85, 0.9, 0.95, 0.98):
+    for fraction in fractions:
         try:
             return optimize(example.step, fraction * before / (1 << 20), input_signature=example.input_specs,
                             safety_margin=0.0, calibrate=False, **options)
@@ -64,7 +68,7 @@ def _optimized_below_its_peak(example, **options):
     raise AssertionError(f"no budget below {before} bytes was feasible")
 
 
-def conservation_kinds(name, batch, options, steps=2):
+def conservation_kinds(name, batch, options, fractions=FRACTIONS, steps=2):
     """An example's step optimized with `options` (of `optimize`) vs the original, same initial weights: (kinds
     used, losses, original losses, variables equal, measured peaks, predicted peak, the original's measured
     peaks, the gradient barriers the plan split); the plan is made below the step's predicted peak. The optimized step is measured first, in a fresh
@@ -80,7 +84,7 @@ def conservation_kinds(name, batch, options, steps=2):
     tf.config.experimental.enable_op_determinism()
     copy = build_example(name, batch)
     args = copy.make_inputs(0)
-    step = _optimized_below_its_peak(copy, **options)
+    step = _optimized_below_its_peak(copy, fractions, **options)
     optimized_losses = [float(step(*args)) for _ in range(steps)]
     peaks = step_peaks(step, args, copy.model.variables, 2)  # after the losses: it leaves the optimizer's slots changed
     left_by_optimized = device.memory_stats().current_bytes

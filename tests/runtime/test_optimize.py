@@ -23,19 +23,20 @@ def test_a_looping_step_is_bit_identical_to_the_original():  # the NMT step: tes
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("name, batch, options", [
-    ("cnn", 64, {}),  # large feature maps: swapping and compression
-    ("resnet", 16, dict(kinds=("recompute",))),  # batch-norm + ReLU chains to recompute
-    ("cnn", 64, dict(kinds=("compress",), compression="fp16")),
+@pytest.mark.parametrize("name, batch, options, fractions", [
+    ("cnn", 64, {}, optimize_jobs.FRACTIONS),  # large feature maps: swapping and compression
+    # batch-norm + ReLU chains to recompute; no plan reaches 0.85 of its peak (2026-11-27: smallest 44.4 of 49.4 MB)
+    ("resnet", 16, dict(kinds=("recompute",)), (0.9, 0.95, 0.98)),
+    ("cnn", 64, dict(kinds=("compress",), compression="fp16"), optimize_jobs.FRACTIONS),
 ], ids=["swap", "recompute", "compress"])
-def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(name, batch, options):
+def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(name, batch, options, fractions):
     # measured in a fresh arena (one stream, 2026-11-25, gradient barrier split): swap 68.0-72.2 MB in 20 of 20
     # processes against 68.9 predicted, and 78.9-80.6 MB in one process of a CI run (the arena's history,
     # docs/results.md); 2026-11-23, before the split, 3 processes each: recompute 46.7-48.1 against 46.1,
     # compress 71.6-75.1 against 70.9; the originals 81-90 MB. So the lower of up to two fresh processes
     # is held to the prediction.
     for _ in range(2):
-        run = run_with_budget(optimize_jobs.conservation_kinds, name, batch, options, budget_mb=4096)
+        run = run_with_budget(optimize_jobs.conservation_kinds, name, batch, options, fractions, budget_mb=4096)
         assert run.ok, run.message
         kinds, losses, original, same_variables, peaks, predicted, original_peaks, split = run.value
         if min(peaks) < predicted * 1.1:
