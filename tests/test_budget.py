@@ -70,7 +70,8 @@ def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
 
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
-    with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB") as error:
+    expected = r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"
+    with pytest.raises(InfeasibleBudgetError, match=expected) as error:
         plan_swaps(_analysis(g), budget_bytes=MB // 2, allocator="exact", pinned=True)
     lowest = error.value.smallest_plan
     assert lowest.decisions and lowest.pinned_order

@@ -41,8 +41,7 @@ def test_each_loop_waits_for_every_node_that_makes_an_input_but_those_ready_from
     assert len(graph_def.node) == len(gated.node) and graph_def != gated  # the input is left as it was
 
 
-def test_a_gated_step_computes_the_same():
-    tf.config.experimental.enable_op_determinism()
+def test_a_gated_step_computes_the_same(op_determinism):
     function, weight = _step()
     start = weight.numpy()
     x = tf.random.stateless_normal([4, 8], seed=[3, 4])

@@ -39,8 +39,7 @@ def _loop_bounds(graph_def):
     return [n.attr["parallel_iterations"].i for n in nodes if n.op in ("While", "StatelessWhile")]
 
 
-def test_every_loop_is_bounded_and_the_step_computes_the_same():
-    tf.config.experimental.enable_op_determinism()
+def test_every_loop_is_bounded_and_the_step_computes_the_same(op_determinism):
     function, variables, inputs, _owners = _rnn_step()
     graph_def = function.graph.as_graph_def()
     assert len(loops_above(graph_def, 1)) >= 4  # the while_loop, the LSTM's, and a gradient loop of each

@@ -18,8 +18,7 @@ def _nmt_step(batch, time_steps, units, vocab=100):
     return training_step(batch, time_steps, units, vocab=vocab)
 
 
-def test_loop_swapped_nmt_step_trains_bit_identically():
-    tf.config.experimental.enable_op_determinism()
+def test_loop_swapped_nmt_step_trains_bit_identically(op_determinism):
     step, inputs, specs = _nmt_step(8, 30, 64)
     before = optimize(step, 1e6, input_signature=specs).plan.predicted_peak_before_bytes
     # at 0.6 of the peak most decoder lists go (14; at 0.8 of it, one: the attention's [B, T, H] tanh)
@@ -104,8 +103,7 @@ def _recurrent_layers(name):
 
 @pytest.mark.parametrize("layers", ["memory-efficient GRU x2", "memory-efficient LSTM x2", "Keras LSTM x2",
                                     "Keras GRU", "bidirectional LSTM"])
-def test_recurrent_layers_loops_are_swapped_and_train_bit_identically(layers):
-    tf.config.experimental.enable_op_determinism()
+def test_recurrent_layers_loops_are_swapped_and_train_bit_identically(layers, op_determinism):
     tf.keras.utils.set_random_seed(0)
     recurrent, loops = _recurrent_layers(layers)
     model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32), *recurrent, tf.keras.layers.Dense(50)])
