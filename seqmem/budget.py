@@ -43,12 +43,14 @@ from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, Node, TensorRef, view_source
 from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
+from seqmem.sim.reorder import refine_order
+from seqmem.sim.schedule import executor_order, pinned_nodes
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
 from seqmem.swap.plan import LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
 
-__all__ = ["Baseline", "loop_swapped", "plan_swaps", "simulate_baseline", "swap_events"]
+__all__ = ["Baseline", "loop_swapped", "plan_swaps", "refined_pinned_order", "simulate_baseline", "swap_events"]
 
 _MAX_ROUNDS = 64
 _FLOOR_TARGET_BYTES = 1  # a target no plan reaches: the search conserves every candidate by the kind that frees most
@@ -132,6 +134,35 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
         events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1],
                                 resident_bytes=decision.resident_bytes, restore_bytes=_restore_bytes(graph, decision)))
     return events
+
+
+def refined_pinned_order(analysis: StepAnalysis, plan: SwapPlan, allocator: str = "bfc") -> tuple[str, ...]:
+    """An order to pin `analysis`'s step to under which `plan`'s conservations peak lower than in
+    `plan.pinned_order` (`sim.reorder.refine_order`; that order itself when no move lowers it). In each
+    candidate order every restore comes right after the last backward node before its first reader, as
+    `plan_swaps` restores a copy that cannot overlap computation; plan again on the order returned.
+    Raises ValueError for a plan that is not pinned or that swaps loop accumulators."""
+    if not plan.pinned_order or plan.loop_swaps:
+        raise ValueError("only a pinned plan without loop swaps can have its order refined")
+    graph, timing = analysis.graph, analysis.timing
+
+    def realize(order: tuple[str, ...]) -> tuple[str, ...]:
+        return executor_order(graph, timing.cost_s, chain=pinned_nodes(graph, order))
+
+    def trace_of(order: tuple[str, ...]) -> MemoryTrace:
+        candidate = dataclasses.replace(analysis, order=order)
+        triggers = TriggerIndex(graph, timing, analysis.anatomy.backward, {name: i for i, name in enumerate(order)})
+        decisions = []
+        for decision in plan.decisions:
+            trigger = triggers.last_before(decision.consumers)
+            if trigger is None:
+                raise ValueError(f"no backward node runs before {decision.tensor}'s readers")
+            decisions.append(dataclasses.replace(decision, trigger=trigger))
+        events = swap_events(dataclasses.replace(plan, decisions=tuple(decisions)), candidate)
+        return _simulate(candidate, events, allocator, None)[0]
+
+    return refine_order(graph, plan.pinned_order, frozenset(pinned_nodes(graph, plan.pinned_order)), realize,
+                        trace_of)
 
 
 def _restore_bytes(graph: Graph, decision: SwapDecision) -> int:
@@ -555,7 +586,10 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
         lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if kind in LOSSY_KINDS else 0.0)
-    trigger, hidden = triggers.choose(consumers, 0.0 if late else lead_s)
+    if late or (kind != "recompute" and not machine.copies_overlap):  # just in time, in the order the step runs
+        trigger, hidden = triggers.last_before(consumers), False
+    else:
+        trigger, hidden = triggers.choose(consumers, lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
     if kind in ("swap", "compress+swap") and machine.copies_overlap and (late or not hidden) \

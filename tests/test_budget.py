@@ -1,9 +1,11 @@
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.budget import plan_swaps
+from seqmem.budget import plan_swaps, refined_pinned_order
 from seqmem.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
@@ -257,3 +259,71 @@ def test_copies_that_overlap_restore_late_where_early_restores_would_set_the_pea
     assert all(d.cost_s == 0 for d in looser.decisions if not late(d))  # restores that hide their copy cost nothing
     assert any(d.cost_s == 0 for d in looser.decisions)
     assert looser.predicted_overhead_s < tight.predicted_overhead_s
+
+
+def _two_branches():
+    """x -> fa, fb (4 MB each) -> m0..m4 (1 MB) -> loss; backward h4..h0 (1 MB), then ga and gb (4 MB each)
+    both read h0 and one of fa, fb; ca and cb (1 MB) reduce them; the update reads ca and cb. By the ASAP
+    estimate ga and gb start together."""
+    nodes = [node("x", "Placeholder", outputs=(1024,)), node("fa", "Op", ["x"], outputs=(4 * MB,)),
+             node("fb", "Op", ["x"], outputs=(4 * MB,)), node("m0", "Op", ["fa", "fb"], outputs=(MB,))]
+    for i in range(1, 5):
+        nodes.append(node(f"m{i}", "Op", [f"m{i - 1}"], outputs=(MB,)))
+    nodes += [node("loss", "Sum", ["m4"], outputs=(TensorInfo("float32", (), 4),)), node("ones", "Const")]
+    gradient = "ones"
+    for i in range(4, -1, -1):
+        nodes.append(node(f"gradient_tape/h{i}", "Op", [gradient, f"m{i}"], outputs=(MB,)))
+        gradient = f"gradient_tape/h{i}"
+    for branch in "ab":
+        nodes += [node(f"gradient_tape/g{branch}", "Op", [gradient, f"f{branch}"], outputs=(4 * MB,)),
+                  node(f"gradient_tape/c{branch}", "Op", [f"gradient_tape/g{branch}"], outputs=(MB,))]
+    nodes.append(node("update", "AssignSub", ["gradient_tape/ca", "gradient_tape/cb"], outputs=()))
+    return graph(*nodes)
+
+
+_SERIAL = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
+
+
+def _most_conserving(analysis):
+    with pytest.raises(InfeasibleBudgetError) as error:
+        plan_swaps(analysis, budget_bytes=1, allocator="exact", machine=_SERIAL, pinned=True)
+    return error.value.smallest_plan
+
+
+def test_copies_that_cannot_overlap_are_restored_right_before_their_reader_in_the_pinned_order():
+    # Pinned, ga and gb run one after the other: the second branch's tensor comes back after the first
+    # branch's gradient, never beside it.
+    plan = _most_conserving(analyze_graph(_two_branches(), machine=_SERIAL))
+    position = {name: i for i, name in enumerate(plan.pinned_order)}
+    backward = [name for name in plan.pinned_order if name.startswith("gradient_tape/")]
+    swapped = {decision.tensor.node: decision for decision in plan.decisions}
+    assert set(swapped) >= {"fa", "fb"}
+    for decision in swapped.values():
+        first = min(position[c] for c in decision.consumers)
+        assert decision.trigger == max((n for n in backward if position[n] < first), key=position.get)
+    first, second = sorted(("gradient_tape/ga", "gradient_tape/gb"), key=position.get)
+    assert swapped["fb" if second.endswith("gb") else "fa"].trigger == first
+
+
+def test_a_refined_order_finishes_one_branch_before_the_other_and_peaks_lower():
+    # Pinned as scheduled, ga and gb run back to back: at the second, the first's 4 MB gradient waits for
+    # its reduction beside the second's restored input and output. Refined, a branch's reduction runs
+    # before the other branch starts.
+    analysis = analyze_graph(_two_branches(), machine=_SERIAL)
+    plan = _most_conserving(analysis)
+    refined = refined_pinned_order(analysis, plan)
+    assert sorted(refined) == sorted(plan.pinned_order) and refined != plan.pinned_order
+    position = {name: i for i, name in enumerate(refined)}
+    first = min("ab", key=lambda branch: position[f"gradient_tape/g{branch}"])
+    second = "b" if first == "a" else "a"
+    assert position[f"gradient_tape/c{first}"] < position[f"gradient_tape/g{second}"]
+    again = _most_conserving(dataclasses.replace(analysis, pinned_order=refined))
+    assert again.pinned_order == refined
+    assert again.predicted_peak_after_bytes <= plan.predicted_peak_after_bytes - 3 * MB
+    rewrite(analysis.graph, again, IdentityBackend()).validate()
+
+
+def test_only_a_pinned_plan_without_loop_swaps_has_its_order_refined():
+    analysis = analyze_graph(_two_branches(), machine=_SERIAL)
+    with pytest.raises(ValueError, match="pinned plan"):
+        refined_pinned_order(analysis, plan_swaps(analysis, budget_bytes=12 * MB, allocator="exact", machine=_SERIAL))

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis, without_barriers
-from seqmem.budget import Baseline, plan_swaps, simulate_baseline
+from seqmem.budget import Baseline, plan_swaps, refined_pinned_order, simulate_baseline
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
@@ -37,6 +37,7 @@ __all__ = ["OptimizedStep", "optimize"]
 
 _CALIBRATION_ROUNDS = 3
 _CALIBRATION_CALLS = 4
+_REFINEMENT_ROUNDS = 3  # refinements of a pinned order, each from the most-conserving plan on the last one
 _DEFAULT_HOST_SHARE = 0.75  # of the host's available memory: the rest for the process and the machine
 
 
@@ -230,6 +231,7 @@ class _Planner:
             self._orders.update({"pinned to its schedule": (pinnable, True),
                                  "pinned to its own order": (pinnable.pinning_its_own_order(), True)})
         self._baselines: dict[tuple[Optional[int], str], Baseline] = {}
+        self._refined = False  # whether `_refine` ran
 
     @property
     def persistent_bytes(self) -> int:
@@ -260,23 +262,69 @@ class _Planner:
 
     def _plan(self, target_bytes: int) -> SwapPlan:
         """The first plan that fits of: each pinned order, lowest baseline peak first, then as it is (so a
-        step that fits as it is is pinned too, to run in the order its peak was predicted for). Raises the
+        step that fits as it is is pinned too, to run in the order its peak was predicted for); where none
+        does, the pinned order of the lowest failure refined around its peak (`_refine`). Raises the
         failure with the lowest peak."""
         pinned = [name for name, (_, pinned) in self._orders.items() if pinned]
         tries = sorted(pinned, key=lambda name: self._baseline(name).trace.peak_bytes) + ["as it is"]
         failures = []
         for name in tries:
-            analysis, pinned = self._orders[name]
             try:
-                plan = plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
-                                  baseline=self._baseline(name), arena_bytes=self._arena_bytes, **self._options)
-                return dataclasses.replace(plan, split_barriers=self._split_barriers if pinned else ())
+                return self._plan_in(name, target_bytes)
             except InfeasibleBudgetError as error:
-                if error.smallest_plan is not None:
-                    error.smallest_plan = dataclasses.replace(
-                        error.smallest_plan, split_barriers=self._split_barriers if pinned else ())
-                failures.append(error)
-        raise min(failures, key=lambda error: error.smallest_peak_bytes or 0)
+                failures.append((name, error))
+        name, error = min(failures, key=lambda failure: failure[1].smallest_peak_bytes or 0)
+        refined = self._refine(name, error.smallest_plan)
+        if refined is not None:
+            try:
+                return self._plan_in(refined, target_bytes)
+            except InfeasibleBudgetError as again:
+                error = min(error, again, key=lambda e: e.smallest_peak_bytes or 0)
+        raise error
+
+    def _plan_in(self, order: str, target_bytes: int) -> SwapPlan:
+        """`plan_swaps` for the step run as `order` names (see `_orders`)."""
+        analysis, pinned = self._orders[order]
+        split = self._split_barriers if pinned else ()
+        try:
+            plan = plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
+                              baseline=self._baseline(order), arena_bytes=self._arena_bytes, **self._options)
+        except InfeasibleBudgetError as error:
+            if error.smallest_plan is not None:
+                error.smallest_plan = dataclasses.replace(error.smallest_plan, split_barriers=split)
+            raise
+        return dataclasses.replace(plan, split_barriers=split)
+
+    def _refine(self, order: str, lowest: Optional[SwapPlan]) -> Optional[str]:
+        """Once per planner, where copies cannot overlap computation: add the pinned `order` refined around
+        the peak of its most-conserving plan `lowest` (`budget.refined_pinned_order`), refined again while
+        that lowers the most-conserving plan's peak. Returns the new order's name, or None."""
+        analysis, pinned = self._orders[order]
+        if (self._refined or self._options["machine"].copies_overlap or not pinned or lowest is None
+                or lowest.loop_swaps):
+            return None
+        self._refined = True
+        refined = None
+        for _ in range(_REFINEMENT_ROUNDS):
+            candidate = dataclasses.replace(analysis, pinned_order=refined_pinned_order(analysis, lowest))
+            if candidate.pinned_order == analysis.pinned_order:
+                break
+            plan = self._most_conserving(candidate)
+            if plan is None or plan.predicted_peak_after_bytes >= lowest.predicted_peak_after_bytes:
+                break
+            analysis, lowest, refined = candidate, plan, candidate
+        if refined is None:
+            return None
+        self._orders["pinned to its refined schedule"] = (refined, True)
+        return "pinned to its refined schedule"
+
+    def _most_conserving(self, analysis: StepAnalysis) -> Optional[SwapPlan]:
+        """The lowest-peak plan for the step pinned as `analysis` says (None if there is none)."""
+        try:
+            return plan_swaps(analysis, self.budget_bytes, target_bytes=1, pinned=True,
+                              arena_bytes=self._arena_bytes, **self._options)
+        except InfeasibleBudgetError as error:
+            return error.smallest_plan
 
     def _baseline(self, order: str) -> Baseline:
         if (self._arena_bytes, order) not in self._baselines:

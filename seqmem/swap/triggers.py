@@ -9,6 +9,12 @@ the order the step runs in qualify, which guarantees it. For a step pinned to an
 order that order is the one: a trigger earlier in some other topological order
 but later in the pinned one would make the pinned chain and the swap-in wait for
 each other.
+
+A restore that cannot overlap computation, or that is asked to come as late as possible, takes
+the last backward node before its first consumer in that order (`last_before`): estimated
+completion times come from an ASAP schedule, and on a pinned step two backward nodes that
+could start together run one after the other, so "completes before the consumer starts" can
+be many nodes early there.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class TriggerIndex:
         )
         self._candidates = candidates
         self._completions = [c.completion_s for c in candidates]
+        self._by_position = sorted((self._position[n], n) for n in backward)
 
     def choose(self, consumers: Iterable[str], transfer_s: float) -> tuple[str | None, bool]:
         """The trigger for a swap-in read by `consumers`, and whether the transfer is fully hidden.
@@ -63,3 +70,9 @@ class TriggerIndex:
                 if candidate.position < limit:
                     return candidate.name, hidden
         return None, False
+
+    def last_before(self, consumers: Iterable[str]) -> str | None:
+        """The backward node that runs last before the first of `consumers` in the order, or None."""
+        limit = min(self._position[n] for n in consumers)
+        index = bisect.bisect_left(self._by_position, (limit, ""))
+        return self._by_position[index - 1][1] if index else None

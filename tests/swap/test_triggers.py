@@ -45,3 +45,17 @@ def test_a_pinned_step_takes_its_trigger_from_before_the_consumer_in_the_pinned_
     assert TriggerIndex(g, timing, backward).choose(["c"], 0.5) == ("x", True)
     pinned = {name: i for i, name in enumerate(["f", "b1", "slow", "c", "x"])}
     assert TriggerIndex(g, timing, backward, pinned).choose(["c"], 0.5) == ("b1", True)
+
+
+def test_the_last_node_before_the_consumer_in_the_order_the_step_runs_in():
+    """a and c both start at 2 s by the ASAP estimate: `choose` with no lead time must take b1 (a completes
+    after c starts), but a step pinned to run a, then c can restore c's tensor after a."""
+    g = graph(node("f"), node("b1", inputs=["f"]), node("a", inputs=["b1"]), node("c", inputs=["b1", "f"]))
+    timing = analyze_timing(g, {"f": 1.0, "b1": 1.0, "a": 1.0, "c": 1.0})
+    backward = ["b1", "a", "c"]
+    pinned = {name: i for i, name in enumerate(["f", "b1", "a", "c"])}
+    index = TriggerIndex(g, timing, backward, pinned)
+    assert index.choose(["c"], 0.0) == ("b1", True)
+    assert index.last_before(["c"]) == "a"
+    assert index.last_before(["a", "c"]) == "b1"
+    assert index.last_before(["b1"]) is None
