@@ -139,8 +139,8 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
 def refined_pinned_order(analysis: StepAnalysis, plan: SwapPlan, allocator: str = "bfc") -> tuple[str, ...]:
     """An order to pin `analysis`'s step to under which `plan`'s conservations peak lower than in
     `plan.pinned_order` (`sim.reorder.refine_order`; that order itself when no move lowers it). In each
-    candidate order every restore comes right after the last backward node before its first reader, as
-    `plan_swaps` restores a copy that cannot overlap computation; plan again on the order returned.
+    candidate order every restore comes right after the last backward node before its first reader (a late
+    restore, `_restore_timings`); plan again on the order returned.
     Raises ValueError for a plan that is not pinned or that swaps loop accumulators."""
     if not plan.pinned_order or plan.loop_swaps:
         raise ValueError("only a pinned plan without loop swaps can have its order refined")
@@ -558,10 +558,13 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
 
 
 def _restore_timings(kind: str, machine: MachineModel) -> tuple[bool, ...]:
-    """When a copy of `kind` may be restored: early enough to hide its transfer (False), and, where copies
-    overlap computation, also just before its first reader (True), which costs the transfer but keeps the
-    restored copy off the device in between: what a tight budget needs when early restores set the peak."""
-    return (False, True) if kind in ("swap", "compress+swap") and machine.copies_overlap else (False,)
+    """When a copy of `kind` may be restored: early enough to hide its transfer (False), and also right
+    after the last backward node before its first reader in the order the step runs in (True), which keeps
+    the restored copy off the device in between: what a tight budget needs when early restores set the
+    peak. Where copies overlap computation a late restore costs the transfer; where they do not, "early"
+    is when the ASAP estimate says the first reader starts, which on one stream can be many nodes
+    before it runs."""
+    return (False, True) if kind in ("swap", "compress+swap") else (False,)
 
 
 def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consumers: tuple[str, ...], out_pos: int,
@@ -586,7 +589,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
         lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if kind in LOSSY_KINDS else 0.0)
-    if late or (kind != "recompute" and not machine.copies_overlap):  # just in time, in the order the step runs
+    if late:
         trigger, hidden = triggers.last_before(consumers), False
     else:
         trigger, hidden = triggers.choose(consumers, lead_s)

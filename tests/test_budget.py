@@ -290,9 +290,10 @@ def _most_conserving(analysis):
     return error.value.smallest_plan
 
 
-def test_copies_that_cannot_overlap_are_restored_right_before_their_reader_in_the_pinned_order():
-    # Pinned, ga and gb run one after the other: the second branch's tensor comes back after the first
-    # branch's gradient, never beside it.
+def test_the_most_conserving_plan_restores_right_before_the_reader_in_the_pinned_order():
+    # Copies that cannot overlap computation. Pinned, ga and gb run one after the other: the second
+    # branch's tensor comes back after the first branch's gradient, never beside it (by the ASAP estimate
+    # both start together, so an early restore would come before the first).
     plan = _most_conserving(analyze_graph(_two_branches(), machine=_SERIAL))
     position = {name: i for i, name in enumerate(plan.pinned_order)}
     backward = [name for name in plan.pinned_order if name.startswith("gradient_tape/")]

@@ -10,11 +10,10 @@ order that order is the one: a trigger earlier in some other topological order
 but later in the pinned one would make the pinned chain and the swap-in wait for
 each other.
 
-A restore that cannot overlap computation, or that is asked to come as late as possible, takes
-the last backward node before its first consumer in that order (`last_before`): estimated
-completion times come from an ASAP schedule, and on a pinned step two backward nodes that
-could start together run one after the other, so "completes before the consumer starts" can
-be many nodes early there.
+A restore asked to come as late as possible takes the last backward node before its first
+consumer in that order (`last_before`). Estimated completion times come from an ASAP
+schedule, and on a pinned step two backward nodes that could start together run one after
+the other, so "completes before the consumer starts" can be many nodes early there.
 """
 
 from __future__ import annotations
