@@ -34,7 +34,7 @@ _TENSORS_TRIED = 8  # the largest tensors live at the peak whose moves are tried
 
 def refine_order(graph: Graph, order: Sequence[str], chained: frozenset[str],
                  realize: Callable[[tuple[str, ...]], tuple[str, ...]],
-                 trace_of: Callable[[tuple[str, ...]], MemoryTrace], max_rounds: int = 32) -> tuple[str, ...]:
+                 trace_of: Callable[[tuple[str, ...]], MemoryTrace], max_trials: int = 64) -> tuple[str, ...]:
     """An order of `graph`'s nodes whose simulated peak is at most `order`'s (`order` itself when no move
     lowers it).
 
@@ -42,13 +42,16 @@ def refine_order(graph: Graph, order: Sequence[str], chained: frozenset[str],
     its first chained reader. realize: the order the step runs in once a candidate order is pinned
     (`executor_order` with the candidate's chain); it raises ValueError for a candidate the graph's edges
     contradict. trace_of: the simulated trace of a realized order (swaps included); it raises ValueError
-    for an order a swap cannot run in. Such candidates are skipped. At most `max_rounds` moves are made.
+    for an order a swap cannot run in. Such candidates are skipped. At most `max_trials` candidate orders
+    are simulated (each costs one `trace_of`), so that the refinement's time is bounded on any graph.
     """
     order = tuple(order)
     trace = trace_of(order)
-    for _ in range(max_rounds):
+    trials = 0
+    while trials < max_trials:
         best = None
-        for candidate in dict.fromkeys(_moves(graph, order, trace, chained)):
+        for candidate in list(dict.fromkeys(_moves(graph, order, trace, chained)))[:max_trials - trials]:
+            trials += 1
             try:
                 realized = realize(candidate)
                 candidate_trace = trace_of(realized)

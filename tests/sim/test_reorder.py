@@ -46,3 +46,21 @@ def test_an_order_no_move_improves_is_returned_as_it_is():
     g = graph(node("x", outputs=(MB,)), node("y", inputs=["x"], outputs=(2 * MB,)),
               node("z", inputs=["y"], outputs=(MB,)), outputs=["z"])
     assert _refine(g, ("x", "y", "z")) == ("x", "y", "z")
+
+
+def test_at_most_max_trials_candidate_orders_are_simulated():
+    g = _two_branches()
+    cost = {name: 1.0 for name in g.nodes}
+    simulated = []
+
+    def realize(candidate):
+        return executor_order(g, cost, chain=candidate)
+
+    def trace_of(candidate):
+        simulated.append(candidate)
+        return simulate(g, candidate)
+
+    order = realize(("s", "g0", "ra", "rb", "a", "b", "ca", "cb", "out"))
+    refined = refine_order(g, order, frozenset(g.nodes), realize, trace_of, max_trials=2)
+    assert len(simulated) <= 3  # the order given, then two candidates
+    assert simulate(g, refined).peak_bytes <= simulate(g, order).peak_bytes
