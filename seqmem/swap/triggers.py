@@ -42,6 +42,7 @@ class TriggerIndex:
                  position: Mapping[str, int] | None = None) -> None:
         """position: each node's place in the order the step runs in (a schedule or a pinned order, every
         node of `graph`); the graph's topological order when None."""
+        backward = list(backward)  # read twice below
         self._position = position if position is not None else {
             name: i for i, name in enumerate(graph.topological_order())}
         self._timing = timing
