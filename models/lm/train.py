@@ -96,9 +96,9 @@ def corpus_words(settings: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 def _split(window) -> tuple[Any, Any]:
     """A [batch, time_steps + 1] window of words as (inputs, targets) tensors, the targets one word later."""
-    import tensorflow as tf
+    from seqmem.runtime.device import on_device
 
-    return tf.constant(window[:, :-1]), tf.constant(window[:, 1:])
+    return on_device(window[:, :-1]), on_device(window[:, 1:])
 
 
 def loss_distance(losses: list[float], reference: list[float]) -> float:

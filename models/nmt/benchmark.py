@@ -63,12 +63,13 @@ def training_step(batch: int, time_steps: int, units: int, vocab: int, attention
     import tensorflow as tf
 
     from models.nmt.model import NMTConfig, NMTModel, make_train_step
+    from seqmem.runtime.device import on_device
 
     tf.keras.utils.set_random_seed(0)
     model = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention=attention,
                                  cells=cells, loss=loss))
     rng = np.random.default_rng(0)
-    tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)), tf.int32)  # noqa: E731
+    tokens = lambda: on_device(rng.integers(1, vocab, (batch, time_steps)).astype(np.int32))  # noqa: E731
     lengths = tf.fill([batch], time_steps)
     inputs = (tokens(), lengths, tokens(), tokens(), lengths)
     return make_train_step(model), inputs, [tf.TensorSpec(t.shape, t.dtype) for t in inputs]

@@ -11,6 +11,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from seqmem.runtime.device import on_device
+
 __all__ = ["IMAGE_EXTENSIONS", "image_folder", "synthetic_batch"]
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -21,7 +23,7 @@ def synthetic_batch(batch: int, image_size: int, classes: int, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((batch, image_size, image_size, 3)).astype(np.float32)
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
-    return tf.constant(images), tf.constant(labels)
+    return on_device(images), on_device(labels)
 
 
 def image_folder(root: str, image_size: int, batch: int, shuffle_seed: int | None = 0) -> tuple[tf.data.Dataset, list[str]]:

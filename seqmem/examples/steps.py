@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from seqmem.runtime.device import on_device
+
 __all__ = ["EXAMPLES", "TrainingStep", "build_example"]
 
 
@@ -54,8 +56,8 @@ def _sparse_xent(labels, logits):
 def _images_and_labels(shape, classes):
     def make(seed: int):
         rng = np.random.default_rng(seed)
-        images = tf.constant(rng.standard_normal(shape).astype(np.float32))
-        labels = tf.constant(rng.integers(0, classes, size=shape[:1]).astype(np.int32))
+        images = on_device(rng.standard_normal(shape).astype(np.float32))
+        labels = on_device(rng.integers(0, classes, size=shape[:1]).astype(np.int32))
         return images, labels
 
     return make
@@ -131,7 +133,7 @@ def lstm_seq2seq(batch: int, time_steps: int = 30, vocab: int = 1000, units: int
 
     def make(seed: int):
         rng = np.random.default_rng(seed)
-        tokens = lambda: tf.constant(rng.integers(0, vocab, size=(batch, time_steps)).astype(np.int32))  # noqa: E731
+        tokens = lambda: on_device(rng.integers(0, vocab, size=(batch, time_steps)).astype(np.int32))  # noqa: E731
         return (tokens(), tokens()), tokens()
 
     return TrainingStep("lstm", model, _train_step(model, _sparse_xent), ((token_spec, token_spec), token_spec), make)

@@ -42,6 +42,32 @@ def allocate_nearly_the_budget_after_small_tensors(budget_mb):
     return device.arena_reserved(), int(block.shape[0]), total
 
 
+def arrays_put_on_device():
+    """For views of one NumPy buffer at every 4-byte offset up to 64 (aligned or not): bytes the arena gained
+    for each, and whether each tensor's values, shape and dtype are the view's."""
+    import numpy as np
+
+    base = np.arange(50_000 + 16, dtype=np.float32)
+    kept, gained, equal = [], [], []
+    for offset in range(16):
+        view = base[offset:offset + 50_000]
+        before = device.memory_stats().current_bytes
+        tensor = device.on_device(view)
+        gained.append(device.memory_stats().current_bytes - before)
+        equal.append(tensor.dtype.as_numpy_dtype == view.dtype and np.array_equal(tensor.numpy(), view))
+        kept.append(tensor)
+    return gained, equal
+
+
+@pytest.mark.device
+def test_on_device_always_puts_an_array_in_the_arena():
+    run = device.run_with_budget(arrays_put_on_device, budget_mb=64)
+    assert run.ok, run.message
+    gained, equal = run.value
+    assert all(equal)
+    assert all(bytes_ >= 200_000 for bytes_ in gained), gained  # tf.constant keeps an aligned array's buffer
+
+
 @pytest.mark.device
 def test_run_with_budget_reports_ok_and_oom():
     ok = device.run_with_budget(allocate_mb, 8, budget_mb=64)
