@@ -24,7 +24,6 @@ from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.whole_calls import keep_calls_whole
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
@@ -154,8 +153,6 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:
         graph_def = gate_loops(bound_loops(graph_def, plan.loop_parallel_iterations))
-    if plan.pinned_order:  # the simulator runs each call as one node, where the pinned order puts it
-        graph_def = keep_calls_whole(graph_def)
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 
