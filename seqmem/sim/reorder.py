@@ -23,6 +23,7 @@ nodes running at it), and repeats while one does.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Optional
 
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.simulator import MemoryTrace
@@ -79,43 +80,44 @@ def _moves(graph: Graph, order: tuple[str, ...], trace: MemoryTrace, chained: fr
     peak = timeline.peak_step
     at_peak = order[peak]
     position = {name: i for i, name in enumerate(order)}
-    yield from _sunk(graph, order, position, at_peak, peak, chained)
+    moved = [_sunk(graph, order, position, at_peak, peak, chained)]
     for tensor, _ in timeline.live_at_peak[:_TENSORS_TRIED]:
         if tensor.node != at_peak and position[tensor.node] < peak:
-            yield from _sunk(graph, order, position, tensor.node, peak, chained)
+            moved.append(_sunk(graph, order, position, tensor.node, peak, chained))
         later = [reader for reader in graph.consumers(tensor) if position[reader] > peak]
         if later and at_peak not in graph.consumers(tensor):
-            yield from _hoisted(graph, order, position, later, peak)
+            moved.append(_hoisted(graph, order, position, later, peak))
+    yield from (candidate for candidate in moved if candidate is not None)
 
 
-def _sunk(graph, order, position, name: str, peak: int, chained: frozenset[str]) -> Iterator[tuple]:
+def _sunk(graph, order, position, name: str, peak: int, chained: frozenset[str]) -> Optional[tuple]:
     """`order` with `name` moved to just before its first chained reader, where that lies past the peak,
     together with what runs in between and waits on it (an update waiting on a gradient that reads
-    the old weights, an inline reader)."""
+    the old weights, an inline reader); None where that reader is not past the peak."""
     readers = {reader for index in range(len(graph.node(name).outputs))
                for reader in graph.consumers(TensorRef(name, index)) if reader in chained}
     first = min((position[reader] for reader in readers), default=len(order))
     if first <= peak or first - 1 <= position[name]:
-        return
+        return None
     moving = {name}
     for between in order[position[name] + 1:first]:
         if any(predecessor in moving for predecessor in graph.ordering_predecessors(between)):
             moving.add(between)
     window = order[position[name]:first]
-    yield (order[:position[name]] + tuple(n for n in window if n not in moving)
-           + tuple(n for n in window if n in moving) + order[first:])
+    return (order[:position[name]] + tuple(n for n in window if n not in moving)
+            + tuple(n for n in window if n in moving) + order[first:])
 
 
-def _hoisted(graph, order, position, names: Sequence[str], peak: int) -> Iterator[tuple]:
+def _hoisted(graph, order, position, names: Sequence[str], peak: int) -> Optional[tuple]:
     """`order` with `names` moved to just before the peak, together with what they wait on from the peak
-    on, where that is not the node at the peak."""
+    on; None where that includes the node at the peak."""
     last = max(position[name] for name in names)
     moving = set(names)
     for between in reversed(order[peak:last + 1]):
         if between in moving:
             moving.update(graph.ordering_predecessors(between))
     if order[peak] in moving:
-        return
+        return None
     window = order[peak:last + 1]
-    yield (order[:peak] + tuple(n for n in window if n in moving) + tuple(n for n in window if n not in moving)
-           + order[last + 1:])
+    return (order[:peak] + tuple(n for n in window if n in moving) + tuple(n for n in window if n not in moving)
+            + order[last + 1:])
