@@ -17,16 +17,16 @@ import tensorflow as tf
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS
 
-__all__ = ["copying_reads"]
+__all__ = ["SPARSE_OP_PREFIXES", "copying_reads"]
 
-_SPARSE_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
+SPARSE_OP_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
 
 
 def copying_reads(tf_graph: tf.Graph, bodies: FunctionBodies) -> frozenset[str]:
     """Names of `tf_graph`'s own ReadVariableOps whose variable a sparse op reaches, in the graph or, through
     the call's arguments, in a function it calls (nested calls included): each returns a copy."""
     sparse = {op.inputs[0].ref() for op in tf_graph.get_operations()
-              if op.type.startswith(_SPARSE_PREFIXES) and op.inputs}
+              if op.type.startswith(SPARSE_OP_PREFIXES) and op.inputs}
     reached: dict[tuple[str, int], bool] = {}
     for op in tf_graph.get_operations():
         if op.type in FUNCTION_CALL_OPS:
@@ -46,7 +46,7 @@ def _sparse_argument(function: str, index: int, bodies: FunctionBodies,
         if body is not None and index < len(body.inputs):
             handle = body.inputs[index]
             for consumer in handle.consumers():
-                if consumer.type.startswith(_SPARSE_PREFIXES) or (
+                if consumer.type.startswith(SPARSE_OP_PREFIXES) or (
                         consumer.type in FUNCTION_CALL_OPS and any(
                             _sparse_argument(consumer.get_attr("f").name, i, bodies, reached)
                             for i, t in enumerate(consumer.inputs) if t is handle)):
