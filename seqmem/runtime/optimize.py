@@ -309,19 +309,23 @@ class _Planner:
             candidate = dataclasses.replace(analysis, pinned_order=refined_pinned_order(analysis, lowest))
             if candidate.pinned_order == analysis.pinned_order:
                 break
-            plan = self._most_conserving(candidate)
+            baseline = simulate_baseline(candidate.pinned(), arena_bytes=self._arena_bytes)
+            plan = self._most_conserving(candidate, baseline)
             if plan is None or plan.predicted_peak_after_bytes >= lowest.predicted_peak_after_bytes:
                 break
-            analysis, lowest, refined = candidate, plan, candidate
+            analysis, lowest, refined = candidate, plan, (candidate, baseline)
         if refined is None:
             return None
-        self._orders["pinned to its refined schedule"] = (refined, True)
-        return "pinned to its refined schedule"
+        name = "pinned to its refined schedule"
+        self._orders[name] = (refined[0], True)
+        self._baselines[self._arena_bytes, name] = refined[1]
+        return name
 
-    def _most_conserving(self, analysis: StepAnalysis) -> Optional[SwapPlan]:
-        """The lowest-peak plan for the step pinned as `analysis` says (None if there is none)."""
+    def _most_conserving(self, analysis: StepAnalysis, baseline: Baseline) -> Optional[SwapPlan]:
+        """The lowest-peak plan for the step pinned as `analysis` says, whose `baseline` is given (None if
+        there is none)."""
         try:
-            return plan_swaps(analysis, self.budget_bytes, target_bytes=1, pinned=True,
+            return plan_swaps(analysis, self.budget_bytes, target_bytes=1, pinned=True, baseline=baseline,
                               arena_bytes=self._arena_bytes, **self._options)
         except InfeasibleBudgetError as error:
             return error.smallest_plan
