@@ -24,7 +24,7 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 from seqmem.ir.op_tables import writes_variable
 
-__all__ = ["FunctionBodies", "called_functions", "copies_for", "follow_copies", "rename_functions",
+__all__ = ["FunctionBodies", "called_functions", "copies_for", "follow_copies", "nodes_running", "rename_functions",
            "variable_writers"]
 
 
@@ -71,6 +71,16 @@ def _with_callers(library: function_pb2.FunctionDefLibrary, names: Iterable[str]
         found |= callers
         grew = bool(callers)
     return found
+
+
+def nodes_running(graph_def: graph_pb2.GraphDef, node_name: str) -> frozenset[str]:
+    """Names of the graph's nodes that run a library function holding a node named `node_name` (as a call,
+    a loop's body or condition, a branch), at any depth."""
+    holding = [f.signature.name for f in graph_def.library.function if any(n.name == node_name for n in f.node_def)]
+    if not holding:
+        return frozenset()
+    running = _with_callers(graph_def.library, holding)
+    return frozenset(node.name for node in graph_def.node if called_functions(node) & running)
 
 
 def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:

@@ -21,10 +21,11 @@ from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
 from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
-from seqmem.edge.library import variable_writers
+from seqmem.edge.library import nodes_running, variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
 from seqmem.errors import InfeasibleBudgetError
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
 from seqmem.units import MIB
@@ -121,8 +122,7 @@ def _ran_no_variable_update(graph_def: graph_pb2.GraphDef, failed: list[str]) ->
     a variable: each such op (`library.variable_writers`) depends, by data or control edges (a pinned
     order's among them), on the first failed node in the graph (for a node inside a function, its call),
     and TensorFlow runs nothing that depends on a failed node."""
-    names = {node.name for node in graph_def.node}
-    failed_here = next((name for name in failed if name in names), None)
+    failed_here = _failed_in_graph(graph_def, failed)
     if failed_here is None:
         return False
     readers = defaultdict(list)
@@ -136,6 +136,22 @@ def _ran_no_variable_update(graph_def: graph_pb2.GraphDef, failed: list[str]) ->
                 after.add(reader)
                 stack.append(reader)
     return variable_writers(graph_def) <= after
+
+
+def _failed_in_graph(graph_def: graph_pb2.GraphDef, failed: list[str]) -> Optional[str]:
+    """The first of the `failed` nodes that is a node of the graph; else, for the first failed node inside
+    a function, the loop running it: where exactly one node of the graph runs that function
+    (`library.nodes_running`) and it is a `While`, whose outputs exist only once every iteration ran (an
+    OOM inside a lowered loop's body names the body's node alone). None otherwise: a call, which
+    TensorFlow inlines, may have passed some outputs on before its failed node ran."""
+    names = {node.name: node.op for node in graph_def.node}
+    in_graph = next((name for name in failed if name in names), None)
+    if in_graph is not None or not failed:
+        return in_graph
+    running = nodes_running(graph_def, failed[0])
+    if len(running) == 1 and names[next(iter(running))] in FUNCTIONAL_LOOP_OPS:
+        return next(iter(running))
+    return None
 
 
 def _failed_nodes(message: str) -> list[str]:

@@ -304,6 +304,54 @@ def test_a_call_is_run_again_only_where_no_variable_update_can_have_run():
         assert step.replan is (None if tried else replan)
 
 
+def test_a_call_that_failed_inside_a_loop_body_is_run_again_only_where_every_update_waits_for_the_loop():
+    from tensorflow.core.framework import graph_pb2
+
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime.optimized_step import OptimizedStep
+    from seqmem.swap.plan import SwapPlan
+
+    # An OOM inside a lowered loop names the body's node alone (measured: `[[{{node while/Fill}}]]`).
+    graph_def = graph_pb2.GraphDef()
+    for function, nodes in (("loop_body", [("while/Fill", "Fill"), ("while/nested", "PartitionedCall")]),
+                            ("nested_body", [("nested/Fill", "Fill")]),
+                            ("writing_body", [("w/Fill", "Fill"), ("w/add", "AssignAddVariableOp")]),
+                            ("call_body", [("inner/Fill", "Fill")])):
+        body = graph_def.library.function.add()
+        body.signature.name = function
+        for name, op in nodes:
+            node = body.node_def.add(name=name, op=op)
+            if op == "PartitionedCall":
+                node.attr["f"].func.name = "nested_body"
+    for name, op, inputs, function in (("x", "Placeholder", [], None), ("v", "VarHandleOp", [], None),
+                                       ("loop", "While", ["x"], "loop_body"),
+                                       ("writing", "While", ["loop"], "writing_body"),
+                                       ("call", "PartitionedCall", ["x"], "call_body"),
+                                       ("apply", "ResourceApplyGradientDescent", ["v", "x", "loop", "call"], None)):
+        node = graph_def.node.add(name=name, op=op, input=inputs)
+        if function:
+            node.attr["body" if op == "While" else "f"].func.name = function
+
+    def failing_in(name):
+        def run(*args):
+            raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating\n\t [[{{{{node {name}}}}}]]")
+        return run
+
+    def replan(plan):
+        replanned.append(plan)
+        raise InfeasibleBudgetError("nothing lower")
+
+    # the loop's outputs exist only once it finished; a call's, inlined, may not wait for its failed node
+    for failed, tried in (("while/Fill", True), ("nested/Fill", True), ("w/Fill", False), ("inner/Fill", False),
+                          ("nowhere/Fill", False)):
+        replanned = []
+        step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
+        step._run, step.replan = failing_in(failed), replan
+        with pytest.raises(tf.errors.ResourceExhaustedError):
+            step()
+        assert bool(replanned) == tried, failed
+
+
 def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conserving_plan(monkeypatch):
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.examples.steps import build_example
