@@ -3,7 +3,9 @@
 TensorFlow inlines a step's function calls (Keras runs an LSTM's forward and
 backward passes in called functions) and optimizes the result before it runs
 it: Grappler replaces ZerosLike and OnesLike of a fully known shape, and Fill
-of a constant, with constants whatever their size, and constant folding
+of constant dimensions and a constant value, with constants whatever their
+size (not a Fill of a `VariableShape`, as a gradient loop zeroes a variable's
+gradient: measured, it is computed every step), and constant folding
 (`common_runtime/constant_folding.cc`) evaluates every stateless node whose
 inputs are all constant (Shape, ShapeN, Size and Rank of known shapes
 included; no result over 10 MiB), keeping each result a non-constant node
@@ -142,8 +144,9 @@ def _is_constant(op: tf.Operation, constant: dict) -> bool:
         return op.inputs[0].shape.rank is not None
     if op.op_def.is_stateful or op.type in _NEVER_FOLDED_OPS or not op.inputs:
         return False
-    if op.type == "Fill" and op.outputs[0].shape.is_fully_defined() and constant.get(op.inputs[1].op, False):
-        return True
+    if (op.type == "Fill" and op.outputs[0].shape.is_fully_defined()
+            and all(constant.get(t.op, False) for t in op.inputs)):
+        return True  # materialized whatever its size, once its dimensions and value are constants
     if any((static_bytes(t.dtype, t.shape) or 0) > MAX_FOLDED_BYTES for t in op.outputs):
         return False
     return all(constant.get(t.op, False) for t in op.inputs)

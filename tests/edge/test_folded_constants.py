@@ -105,3 +105,16 @@ def test_the_steps_own_folded_nodes_are_persistent():
     assert graph.node("threes").folded and graph.node("threes").persistent
     trace = simulate(graph, graph.topological_order())
     assert trace.busiest().persistent_bytes >= 2 * 4000  # the input and the folded fill
+
+
+def test_a_fill_of_a_variables_shape_is_computed_every_step():
+    # measured on the emulated device: zeros of a VariableShape, as a gradient loop zeroes a variable's
+    # gradient, held nothing after the first call (Grappler materializes a Fill only of constant inputs)
+    variable = tf.Variable(tf.ones([1000]))
+
+    @tf.function(autograph=False)
+    def step(x):
+        zeros = tf.zeros(tf.raw_ops.VariableShape(input=variable.handle), name="zeros")
+        return tf.reduce_sum(tf.concat([zeros, x], 0))
+
+    assert folded_ops(step.get_concrete_function(_SPEC).graph) == frozenset()
