@@ -25,6 +25,17 @@ def _assigning(value_shape=(4,), read_shape=(4,), dtype="float32", handle_op="Pl
     )
 
 
+def _original_then_rewritten(step, variable, start, arg):
+    """`step`'s GraphDef rewritten by `assign_in_place` and a runner of it; the losses of three original
+    steps on `arg` and `variable`'s value after them. `variable` is then reset to `start`."""
+    function = step.get_concrete_function(arg)
+    in_place = capture.to_graph_def(assign_in_place(capture.from_tf(function)))
+    losses = [float(step(arg)) for _ in range(3)]
+    expected = variable.numpy()
+    variable.assign(start)
+    return in_place, graph_def_runner(function, in_place), losses, expected
+
+
 def test_an_assignment_becomes_a_whole_slice_assignment_with_its_inputs_and_control_inputs():
     in_place = assign_in_place(_assigning())
     in_place.validate()
@@ -57,13 +68,8 @@ def test_the_rewritten_step_computes_what_the_original_did_bit_for_bit():
         return tf.reduce_sum(m)
 
     g = tf.random.stateless_normal([64, 32], seed=[0, 2])
-    function = step.get_concrete_function(g)
-    in_place = capture.to_graph_def(assign_in_place(capture.from_tf(function)))
+    in_place, runner, losses, expected = _original_then_rewritten(step, m, start, g)
     assert "ResourceStridedSliceAssign" in {n.op for n in in_place.node}
-    losses = [float(step(g)) for _ in range(3)]
-    expected = m.numpy()
-    m.assign(start)
-    runner = graph_def_runner(function, in_place)
     assert [float(runner(g)[0]) for _ in range(3)] == losses
     np.testing.assert_array_equal(m.numpy(), expected)
     assert not _copies_on_read(m.handle, read_variable_op(m.handle, tf.float32))  # reads are the buffer again
@@ -104,13 +110,8 @@ def test_an_embedding_updated_after_its_gather_stays_in_its_buffer_bit_for_bit()
         return tf.reduce_sum(embedding)
 
     ids = tf.constant([1, 7, 7, 30])
-    function = step.get_concrete_function(ids)
-    in_place = capture.to_graph_def(assign_in_place(capture.from_tf(function)))
+    in_place, runner, losses, expected = _original_then_rewritten(step, embedding, start, ids)
     assert "DisableCopyOnRead" in {n.op for n in in_place.node}
-    losses = [float(step(ids)) for _ in range(3)]
-    expected = embedding.numpy()
-    embedding.assign(start)
-    runner = graph_def_runner(function, in_place)
     results, addresses = [], []
     for _ in range(3):
         results.append(float(runner(ids)[0]))

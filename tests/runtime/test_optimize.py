@@ -271,12 +271,33 @@ def test_a_step_that_runs_out_of_memory_later_before_any_update_replans_once_and
     assert all(np.array_equal(a, b) for a, b in zip(variables, original.value[1]))
 
 
-def test_a_call_is_run_again_only_where_no_variable_update_can_have_run():
-    from tensorflow.core.framework import graph_pb2
-
+def _run_again(graph_def, failed_node: str) -> bool:
+    """Whether an OptimizedStep of `graph_def` whose call ran out of memory in `failed_node` (as TensorFlow's
+    message names it) re-plans to run it again (here re-planning finds nothing lower, and the step raises)."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.optimized_step import OptimizedStep
     from seqmem.swap.plan import SwapPlan
+
+    replanned = []
+
+    def run(*args):
+        raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating\n\t [[{{{{node {failed_node}}}}}]]")
+
+    def replan(plan):
+        replanned.append(plan)
+        raise InfeasibleBudgetError("nothing lower")
+
+    step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
+    step._run, step.replan = run, replan
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="predicted a peak of 90.0 MB") as raised:
+        step()
+    assert ("nothing lower" in str(raised.value)) == bool(replanned)
+    assert step.replan is (None if replanned else replan)
+    return bool(replanned)
+
+
+def test_a_call_is_run_again_only_where_no_variable_update_can_have_run():
+    from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
     for name, op, inputs in (("x", "Placeholder", []), ("v", "VarHandleOp", []), ("early", "Relu", ["x"]),
@@ -284,32 +305,13 @@ def test_a_call_is_run_again_only_where_no_variable_update_can_have_run():
                              ("late", "MatMul", ["x", "x", "^apply"]), ("pinned", "Relu", ["x", "^grad"])):
         graph_def.node.add(name=name, op=op, input=inputs)
 
-    def failing_in(name):
-        def run(*args):
-            raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating\n\t [[{{{{node seqmem/{name}}}}}]]")
-        return run
-
-    def replan(plan):
-        replanned.append(plan)
-        raise InfeasibleBudgetError("nothing lower")
-
     # the update waits for `grad` (and what precedes it): nothing else guarantees it did not run
     for failed, tried in (("grad", True), ("early", False), ("late", False), ("pinned", False), ("elsewhere", False)):
-        replanned = []
-        step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
-        step._run, step.replan = failing_in(failed), replan
-        with pytest.raises(tf.errors.ResourceExhaustedError, match="predicted a peak of 90.0 MB") as raised:
-            step()
-        assert bool(replanned) == tried and ("nothing lower" in str(raised.value)) == tried, failed
-        assert step.replan is (None if tried else replan)
+        assert _run_again(graph_def, f"seqmem/{failed}") == tried, failed
 
 
 def test_a_call_that_failed_inside_a_loop_body_is_run_again_only_where_every_update_waits_for_the_loop():
     from tensorflow.core.framework import graph_pb2
-
-    from seqmem.errors import InfeasibleBudgetError
-    from seqmem.runtime.optimized_step import OptimizedStep
-    from seqmem.swap.plan import SwapPlan
 
     # An OOM inside a lowered loop names the body's node alone (measured: `[[{{node while/Fill}}]]`).
     graph_def = graph_pb2.GraphDef()
@@ -332,24 +334,10 @@ def test_a_call_that_failed_inside_a_loop_body_is_run_again_only_where_every_upd
         if function:
             node.attr["body" if op == "While" else "f"].func.name = function
 
-    def failing_in(name):
-        def run(*args):
-            raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating\n\t [[{{{{node {name}}}}}]]")
-        return run
-
-    def replan(plan):
-        replanned.append(plan)
-        raise InfeasibleBudgetError("nothing lower")
-
     # the loop's outputs exist only once it finished; a call's, inlined, may not wait for its failed node
     for failed, tried in (("while/Fill", True), ("nested/Fill", True), ("w/Fill", False), ("inner/Fill", False),
                           ("nowhere/Fill", False)):
-        replanned = []
-        step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
-        step._run, step.replan = failing_in(failed), replan
-        with pytest.raises(tf.errors.ResourceExhaustedError):
-            step()
-        assert bool(replanned) == tried, failed
+        assert _run_again(graph_def, failed) == tried, failed
 
 
 def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conserving_plan(monkeypatch):
