@@ -30,8 +30,8 @@ its two [1000, 256] embeddings moved every step, into chunks of 0.98 to
 1.88 MiB, and the step's peak alternated 63.6 / 66.1 MB from call to call. So
 each update of a variable a sparse op reaches is preceded by a
 `DisableCopyOnRead` of it (`<update>/seqmem_copy_on_read_off_before`), which
-waits on the update's value and control inputs, after which no sparse op of
-the step runs.
+waits on the update's value and control inputs (and so on the gradient, after
+the forward pass's sparse reads).
 
 Every step seqmem rewrites gets both (`seqmem.runtime.optimized_step.build_step`):
 the simulator counts a variable's buffer where it was allocated, and so does

@@ -120,8 +120,8 @@ class OptimizedStep:
 def _ran_no_variable_update(graph_def: graph_pb2.GraphDef, failed: list[str]) -> bool:
     """Whether a call of `graph_def` that failed in the `failed` nodes (`_failed_nodes`) ran no op that changes
     a variable: each such op (`library.variable_writers`) depends, by data or control edges (a pinned
-    order's among them), on the first failed node in the graph (for a node inside a function, its call),
-    and TensorFlow runs nothing that depends on a failed node."""
+    order's among them), on the first failed node in the graph (`_failed_in_graph`), and TensorFlow runs
+    nothing that depends on a failed node."""
     failed_here = _failed_in_graph(graph_def, failed)
     if failed_here is None:
         return False
@@ -149,9 +149,10 @@ def _failed_in_graph(graph_def: graph_pb2.GraphDef, failed: list[str]) -> Option
     if in_graph is not None or not failed:
         return in_graph
     running = nodes_running(graph_def, failed[0])
-    if len(running) == 1 and names[next(iter(running))] in FUNCTIONAL_LOOP_OPS:
-        return next(iter(running))
-    return None
+    if len(running) != 1:
+        return None
+    (loop,) = running
+    return loop if names[loop] in FUNCTIONAL_LOOP_OPS else None
 
 
 def _failed_nodes(message: str) -> list[str]:
