@@ -132,7 +132,8 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
     for decision in plan.decisions:
         out_after = _last_forward_reader(graph, decision.tensor, anatomy, position)
         events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1],
-                                resident_bytes=decision.resident_bytes, restore_bytes=_restore_bytes(graph, decision)))
+                                resident_bytes=decision.resident_bytes, restore_bytes=_restore_bytes(graph, decision),
+                                handle_bytes=decision.handle_bytes))
     return events
 
 
@@ -609,7 +610,8 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             copy_s = 2 * transfer_s  # out and in, on the compute's own time
         cost_s = copy_s + (2 * cast_s if kind == "compress+swap" else 0.0)
     decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
-                            compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain)
+                            compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain,
+                            handle_bytes=machine.host_handle_bytes if kind in ("swap", "compress+swap") else 0)
     return _Option(decision, position[trigger] + 1, _restore_bytes(graph, decision), reads)
 
 

@@ -46,15 +46,21 @@ class MachineModel:
     emulated device serializes and parses on the cores that compute): a swap-in
     starts just before its first reader, and a swap costs its whole transfer,
     out and in.
+    host_handle_bytes: device bytes a swapped tensor still holds there from its
+    swap-out until its restore: 0 where the copy lives in host memory alone (a
+    GPU's host copy); on the emulated device, the serialized copy's handle, a
+    scalar tf.string in the arena. Few bytes, but one BFC chunk: where it lands
+    decides which free chunks a later request splits or gets whole.
     """
 
     flops_per_s: float = 40e9
     memory_bytes_per_s: float = 8e9
     host_bytes_per_s: float = 6e9
     copies_overlap: bool = True
+    host_handle_bytes: int = 0
 
 
-EMULATED_DEVICE = MachineModel(copies_overlap=False)
+EMULATED_DEVICE = MachineModel(copies_overlap=False, host_handle_bytes=24)  # sizeof(tstring)
 """This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's own cores.
 Measured there (docs/results.md), a float32 round trip of 1 or 8 MB takes about what a float16 cast there and
 back does (0.2 and 1.1 ms against 0.4 and 1.0 ms), which the default rates model; of 64 MB, 82 ms against 7 ms

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
 from seqmem.budget import plan_swaps, refined_pinned_order
-from seqmem.critical_path import MachineModel
+from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 from seqmem.swap.plan import ConservationOptions, SwapPlan
@@ -79,6 +79,17 @@ def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_
     assert lowest.decisions and lowest.pinned_order
     assert lowest.predicted_peak_after_bytes == lowest.target_bytes == error.value.smallest_peak_bytes
     rewrite(g, lowest, IdentityBackend()).validate()
+
+
+def test_swaps_on_the_emulated_device_keep_their_handles_on_it():
+    g = mlp_like(layers=6)
+    analysis = _analysis(g)
+    budget = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact").predicted_peak_before_bytes - 2 * MB
+    on_gpu = plan_swaps(analysis, budget_bytes=budget, allocator="exact")
+    emulated = plan_swaps(analysis, budget_bytes=budget, allocator="exact", machine=EMULATED_DEVICE)
+    assert {d.handle_bytes for d in on_gpu.decisions} == {0}
+    assert {d.handle_bytes for d in emulated.decisions} == {EMULATED_DEVICE.host_handle_bytes} != {0}
+    assert SwapPlan.from_json(emulated.to_json()) == emulated
 
 
 def test_plan_json_round_trip():

@@ -64,6 +64,8 @@ class SwapEvent:
 
     resident_bytes: what stays on the device meanwhile (a compressed copy); restore_bytes: transient bytes
     the restoration needs besides the copy (a recomputed chain's other outputs), live while `in_before` runs.
+    handle_bytes: what the host copy keeps on the device (`MachineModel.host_handle_bytes`), allocated once
+    the tensor's producer ran, as the swap-out runs then, and freed once the copy is back.
     """
 
     tensor: TensorRef
@@ -71,6 +73,7 @@ class SwapEvent:
     in_before: str
     resident_bytes: int = 0
     restore_bytes: int = 0
+    handle_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -247,14 +250,18 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     swap_ins_before: dict[int, list[TensorRef]] = {}
     swap_outs_after: dict[int, list[TensorRef]] = {}
+    handles_after: dict[int, list[SwapEvent]] = {}  # by the producer's step
     for ref, event in swap_by_tensor.items():
         swap_ins_before.setdefault(position[event.in_before], []).append(ref)
         swap_outs_after.setdefault(position[event.out_after], []).append(ref)
+        if event.handle_bytes:
+            handles_after.setdefault(position[ref.node], []).append(event)
 
     graph_outputs = set(graph.outputs)
     buffer_of: dict[TensorRef, _Buffer] = {}
     copy_of: dict[TensorRef, _Buffer] = {}
     resident: dict[TensorRef, int] = {}  # handles of compressed copies
+    host_handles: dict[TensorRef, int] = {}  # allocator handles of the host copies' device handles
     buffers: list[_Buffer] = []
     timelines: dict[str, list[int]] = {}
     unknown: list[TensorRef] = []
@@ -300,6 +307,8 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             copy_memory = memories[copy.device]
             copy.handle = copy_memory.allocate(copy.size, copy.pieces)
             event = swap_by_tensor[ref]
+            if ref in host_handles:  # read by the restoring node alone, freed as it finishes
+                memories[original.device].free(host_handles.pop(ref), event.handle_bytes)
             if event.restore_bytes:
                 restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
             if ref in resident:
@@ -373,6 +382,8 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             size = swap_by_tensor[ref].resident_bytes
             if size:
                 resident[ref] = memories[buffer_of[ref].device].allocate(size)
+        for event in handles_after.get(step, ()):  # the swap-out runs once the producer is done
+            host_handles[event.tensor] = memory.allocate(event.handle_bytes)
 
     return MemoryTrace(
         order=tuple(order),

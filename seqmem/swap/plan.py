@@ -106,6 +106,8 @@ class SwapDecision:
     transfer_s: predicted seconds of one device<->host copy of what moves (0 when nothing does).
     cost_s: predicted seconds the kind adds to the step: transfer time not hidden by computation, the
     casts, the recomputation.
+    handle_bytes: device bytes the host copy keeps on the device until it is restored
+    (`MachineModel.host_handle_bytes`; 0 for kinds that move nothing to the host).
     """
 
     tensor: TensorRef
@@ -117,6 +119,7 @@ class SwapDecision:
     cost_s: float = 0.0
     compressed_dtype: str | None = None
     recompute: tuple[str, ...] = ()
+    handle_bytes: int = 0
 
     @property
     def compressed_bytes(self) -> int:

@@ -134,6 +134,14 @@ def test_swap_moves_a_tensor_off_the_device_between_out_and_in():
     assert swapped.peak_bytes == baseline.peak_bytes - 1000
 
 
+def test_a_host_copys_handle_stays_on_the_device_from_its_producer_until_the_copy_is_back():
+    # the emulated device's swap-out, right after f1's producer, leaves a 24-byte string in the arena; the
+    # restore reads it and frees it before g1 runs
+    g = training_graph()
+    trace = simulate(g, _order(g), [SwapEvent(TensorRef("f1"), "f2", "gradient_tape/g1", handle_bytes=24)])
+    assert trace.devices[""].live_bytes == (0, 0, 1000, 3024, 2028, 2024, 4024, 4000, 1000)
+
+
 @pytest.mark.parametrize(
     "event, message",
     [
