@@ -46,7 +46,7 @@ from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.reorder import refine_order
 from seqmem.sim.schedule import executor_order, pinned_nodes
 from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
-from seqmem.swap.plan import LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
+from seqmem.swap.plan import HOST_KINDS, LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
 
@@ -565,7 +565,7 @@ def _restore_timings(kind: str, machine: MachineModel) -> tuple[bool, ...]:
     peak. Where copies overlap computation a late restore costs the transfer; where they do not, "early"
     is when the ASAP estimate says the first reader starts, which on one stream can be many nodes
     before it runs."""
-    return (False, True) if kind in ("swap", "compress+swap") else (False,)
+    return (False, True) if kind in HOST_KINDS else (False,)
 
 
 def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consumers: tuple[str, ...], out_pos: int,
@@ -596,7 +596,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         trigger, hidden = triggers.choose(consumers, lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
-    if kind in ("swap", "compress+swap") and machine.copies_overlap and (late or not hidden) \
+    if kind in HOST_KINDS and machine.copies_overlap and (late or not hidden) \
             and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
     if kind == "recompute":
@@ -611,7 +611,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         cost_s = copy_s + (2 * cast_s if kind == "compress+swap" else 0.0)
     decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
                             compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain,
-                            handle_bytes=machine.host_handle_bytes if kind in ("swap", "compress+swap") else 0)
+                            handle_bytes=machine.host_handle_bytes if kind in HOST_KINDS else 0)
     return _Option(decision, position[trigger] + 1, _restore_bytes(graph, decision), reads)
 
 

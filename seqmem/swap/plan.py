@@ -29,6 +29,7 @@ DEFAULT_SAFETY_MARGIN = 0.05
 # subgraphs, and recomputation after Checkmate / DTR / Capuchin), lossless kinds first.
 KINDS = ("swap", "recompute", "compress", "compress+swap")
 LOSSY_KINDS = ("compress", "compress+swap")
+HOST_KINDS = ("swap", "compress+swap")  # the kinds that move a copy to host memory
 # What a compressed float32 tensor is cast to, by the names `ConservationOptions.compression` accepts.
 COMPRESSED_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 

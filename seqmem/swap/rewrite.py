@@ -33,7 +33,7 @@ from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
 from seqmem.swap.barriers import split_barriers
 from seqmem.swap.pin import pin
-from seqmem.swap.plan import SwapDecision, SwapPlan
+from seqmem.swap.plan import HOST_KINDS, SwapDecision, SwapPlan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
 
@@ -111,7 +111,7 @@ def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBac
             out_after = max(after, key=lambda name: pinned_position.get(name, -1), default=ref.node)
         out_nodes.append(backend.cast(f"{base}/compress", ref, info, moved_info, after, producer.device))
         moved = TensorRef(out_nodes[-1].name, 0)
-    if decision.kind in ("swap", "compress+swap"):
+    if decision.kind in HOST_KINDS:
         out_nodes += backend.swap_out(f"{base}/out", moved, moved_info, producer)
         in_nodes += backend.swap_in(f"{base}/in", TensorRef(out_nodes[-1].name, 0), moved_info, decision.trigger,
                                     consumer)
