@@ -397,7 +397,7 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
     """
     by_loop: dict[str, list[LoopSwap]] = {}
     for swap in analysis.loop_swaps:
-        if swap.element_bytes and analysis.graph.tensor(swap.tensor).size_bytes:
+        if swap.element_bytes and analysis.graph.tensor(swap.tensor).size_bytes is not None:
             by_loop.setdefault(swap.forward_loop, []).append(swap)
     distance = analysis.timing.distance_to_loss_s
     position = {name: i for i, name in enumerate(analysis.order)}
@@ -413,7 +413,7 @@ def _choose_loop_swaps(analysis: StepAnalysis, baseline: Baseline, target_bytes:
             break
         groups = _buffer_groups(analysis.graph, by_loop[loop])
         swaps = [swap for group in groups for swap in group]
-        if not host.admits(_list_bytes(analysis.graph, swaps)):
+        if not swaps or not host.admits(_list_bytes(analysis.graph, swaps)):
             continue
         swapped, swapped_baseline = trial(swaps)
         if swapped_baseline.trace.peak_bytes >= current_baseline.trace.peak_bytes:
@@ -448,11 +448,14 @@ def _fewest_fitting(groups: list[list[LoopSwap]], trial, target_bytes: int, whol
 
 def _buffer_groups(graph: Graph, swaps: Sequence[LoopSwap]) -> list[list[LoopSwap]]:
     """`swaps` (of one loop) grouped by the buffer their elements are (`LoopSwap.buffer`; an unknown
-    buffer: a group of its own), the groups by decreasing list bytes, ties in `swaps`' order."""
+    buffer: a group of its own), the groups by decreasing list bytes, ties in `swaps`' order. A group's
+    bytes are sized on one of its lists (`seqmem.edge.capture` counts a shared buffer once); groups sized
+    at 0 bytes (elements another list holds) are left out: swapping them frees nothing."""
     groups: dict[object, list[LoopSwap]] = {}
     for swap in swaps:
         groups.setdefault(swap.accumulator if swap.buffer is None else swap.buffer, []).append(swap)
-    return sorted(groups.values(), key=lambda group: -_list_bytes(graph, group))
+    saving = [group for group in groups.values() if any(graph.tensor(swap.tensor).size_bytes for swap in group)]
+    return sorted(saving, key=lambda group: -_list_bytes(graph, group))
 
 
 def _list_bytes(graph: Graph, swaps: Sequence[LoopSwap]) -> int:

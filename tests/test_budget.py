@@ -213,6 +213,25 @@ def test_the_loop_that_makes_the_step_fit_swaps_the_fewest_bytes_that_fit_and_li
     assert plans[70].predicted_overhead_s < plans[50].predicted_overhead_s
 
 
+def test_a_list_of_another_lists_buffers_goes_with_it_and_a_list_of_none_of_its_own_stays():
+    # lists of 40 and 20 MB; a third pushes the first one's buffers (capture sizes it 0 bytes: counted in the
+    # first), a fourth holds none of its own (another list's elements): swapping either alone frees nothing
+    g, (first, second, sharer, other) = loop_lists_training_graph(10, (4 * MB, 2 * MB, 4 * MB, MB),
+                                                                  buffers=("h", None, "h", "x"))
+    loop = g.node("fwd")
+    unsized = tuple(dataclasses.replace(info, size_bytes=0) if i in (3, 4) else info
+                    for i, info in enumerate(loop.outputs))
+    g = g.replace(nodes=[dataclasses.replace(node, outputs=unsized) if node is loop else node
+                         for node in g.nodes.values()])
+    analysis = analyze_graph(g, loop_swaps=[first, second, sharer, other])
+    plans = {budget: plan_swaps(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
+             for budget in (50, 40, 30)}
+    assert plans[50].loop_swaps == (second,)
+    assert plans[40].loop_swaps == (first, sharer)
+    assert plans[30].loop_swaps == (first, sharer, second)
+    assert all(plan.feasible for plan in plans.values())
+
+
 def _chain(sizes_mb):
     """x -> f1 -> ... -> loss, and a gradient chain whose op i reads f_i; f_i holds sizes_mb[i - 1] MB."""
     nodes = [node("x", "Placeholder", outputs=(1024,))]

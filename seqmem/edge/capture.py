@@ -14,9 +14,12 @@ Sizes (`TensorInfo`, `Node`):
   node (`resource_bytes`);
 - a variant holding a TensorList (a loop's accumulator, a TensorArray): sized
   by following it back to the list's creation through identities, loops and
-  function calls; each element is a buffer of its own (`element_bytes`); a
-  list made from a tensor takes that tensor's refined shape (a gradient's
-  `TensorListFromTensor` of the stacked decoder outputs);
+  function calls; each element is a buffer of its own (`element_bytes`),
+  except where a loop writes to a list buffers it writes to another list
+  too (the same value, a view of it, or a loop variable's previous value:
+  counted in the first list only); a list made from a tensor takes that
+  tensor's refined shape (a gradient's `TensorListFromTensor` of the
+  stacked decoder outputs);
 - an output that a called function or a loop returns unchanged shares its
   input's buffer (`passes_input`, `seqmem.edge.passthrough`);
 - a read of a variable in copy-on-read mode owns a copy (`copies_input`,
@@ -46,7 +49,7 @@ from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, VIEW_OPS
 
 __all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
 
@@ -222,6 +225,7 @@ class _VariantSizer:
         self._bodies = bodies
         self._graph = graph
         self._shapes = shapes or {}
+        self._sharing: dict[str, frozenset[int]] = {}  # `_lists_sharing_elements`, by loop
 
     def _shape(self, tensor: tf.Tensor) -> tf.TensorShape:
         return self._shapes.get(tensor.name, tensor.shape) if tensor.graph is self._graph else tensor.shape
@@ -262,6 +266,8 @@ class _VariantSizer:
                 return 0, None  # a gradient loop consuming saved activations: the list leaves it empty
             if written and all(value.op.type in _SHARED_ELEMENT_OPS for value in written):
                 return 0, None  # elements that share another buffer: a list's elements, a variable's value
+            if index in self._lists_sharing_elements(op):
+                return 0, None  # the buffers another of the loop's lists holds (counted there)
             return self._size(op.inputs[index], callers, self._trip_count(op), depth + 1, filled=True,
                               written=_common_shape(value.shape for value in written))
         if op.type in FUNCTION_CALL_OPS:
@@ -292,12 +298,41 @@ class _VariantSizer:
         if body is None or index >= len(body.inputs):
             return False, []
         popped, written = False, []
-        for consumer in body.inputs[index].consumers():
+        variable = body.inputs[index]
+        for consumer in variable.consumers():
+            if consumer.inputs[0].name != variable.name:  # reads the variable otherwise than as its list
+                continue
             if consumer.type == "TensorListPopBack":
                 popped = True
             elif consumer.type in LIST_WRITE_OPS:
                 written.append(consumer.inputs[LIST_WRITE_OPS[consumer.type]])
         return popped, written
+
+    def _lists_sharing_elements(self, loop: tf.Operation) -> frozenset[int]:
+        """Loop variables whose list is an accumulator (only pushed to, as a gradient's saved activations
+        are) holding only buffers that an accumulator of a lower index holds too.
+
+        A pushed value is followed back through views (`VIEW_OPS`) and, from a loop variable, to what the
+        previous iteration returned for it: a decoder pushes its cell's output `h` to one accumulator and,
+        next iteration, the loop variable `h` to another, and pushes the attention's `ExpandDims` of a
+        softmax beside the softmax. Each buffer is counted in the first accumulator pushing it; all of them
+        live until the gradient loop pops them. A TensorArray (written with `TensorListSetItem`) is stacked
+        and dropped after its loop, so buffers it shares are not counted there. The first iteration's value
+        of a loop variable is left out (one element of the list)."""
+        if loop.name not in self._sharing:
+            body = self._bodies.get(loop.get_attr("body").name)
+            shared, seen = set(), set()
+            for index, variable in enumerate(body.inputs if body is not None else ()):
+                writes = [c for c in variable.consumers()
+                          if c.type in LIST_WRITE_OPS and c.inputs[0].name == variable.name]
+                if not writes or any(c.type != "TensorListPushBack" for c in writes):
+                    continue
+                buffers = {_element_buffer(body, c.inputs[LIST_WRITE_OPS[c.type]]) for c in writes}
+                if buffers <= seen:
+                    shared.add(index)
+                seen |= buffers
+            self._sharing[loop.name] = frozenset(shared)
+        return self._sharing[loop.name]
 
     def _trip_count(self, loop: tf.Operation) -> int | None:
         """Iterations of a While loop whose condition compares a counter with a constant.
@@ -344,6 +379,22 @@ class _VariantSizer:
             return None
         element_bytes = static_bytes(op.get_attr("element_dtype"), shape.merge_with(written))
         return None if element_bytes is None else (count * element_bytes, element_bytes)
+
+
+def _element_buffer(body: tf.Graph, value: tf.Tensor) -> str:
+    """The name of the body tensor whose buffer `value` (written to a list in loop body `body`) is: followed
+    back through views and, from a loop variable, to the body's output for it (the previous iteration's)."""
+    arguments = [t.name for t in body.inputs]
+    seen = set()
+    while value.name not in seen:
+        seen.add(value.name)
+        if value.name in arguments and arguments.index(value.name) < len(body.outputs):
+            value = body.outputs[arguments.index(value.name)]
+        elif value.op.type in VIEW_OPS:
+            value = value.op.inputs[value.value_index if value.op.type == "IdentityN" else 0]
+        else:
+            break
+    return value.name
 
 
 def _common_shape(shapes) -> tf.TensorShape:
