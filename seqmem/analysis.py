@@ -19,9 +19,9 @@ from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
-from seqmem.swap.plan import LoopSwap
+from seqmem.swap.plan import LoopSwap, SwapPlan
 
-__all__ = ["StepAnalysis", "analyze_graph", "without_barriers"]
+__all__ = ["StepAnalysis", "analyze_graph", "as_planned", "without_barriers"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +116,10 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                           op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved)
+
+
+def as_planned(analysis: StepAnalysis, plan: SwapPlan) -> StepAnalysis:
+    """The analysis of `analysis`'s step as `plan` rewrites it, before its swaps: its gradient barriers split
+    where the plan splits them, in the plan's pinned order where it has one."""
+    planned = without_barriers(analysis) if plan.split_barriers else analysis
+    return dataclasses.replace(planned, order=plan.pinned_order) if plan.pinned_order else planned

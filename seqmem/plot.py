@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis, without_barriers
+from seqmem.analysis import StepAnalysis, as_planned
 from seqmem.budget import swap_events
 from seqmem.critical_path import Timing
 from seqmem.files import save_figure
@@ -75,8 +74,7 @@ def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) 
     pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
                         reserved_arena=analysis.arena_reserved)
-    planned = without_barriers(analysis) if plan.split_barriers else analysis
-    planned = dataclasses.replace(planned, order=plan.pinned_order) if plan.pinned_order else planned
+    planned = as_planned(analysis, plan)
     after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
                      scratch_bytes=planned.scratch_bytes, reserved_arena=planned.arena_reserved)
     curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]

@@ -38,6 +38,7 @@ def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, A
     LOOP_SETTINGS), and the predicted peak of the step as traced; `batch` of the NMT steps."""
     import tensorflow as tf
 
+    from seqmem.analysis import as_planned
     from seqmem.budget import loop_swapped, simulate_baseline
     from seqmem.edge.loop_swap import loop_accumulators, swap_loop_accumulators
     from seqmem.runtime.measure import timed_steps
@@ -60,7 +61,7 @@ def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, A
         graph_def = optimized.graph_def
         run = graph_def_runner(optimized.function, swap_loop_accumulators(graph_def, loop_accumulators(graph_def)))
         inputs = tf.nest.flatten(inputs)
-        planned = optimized.analysis.pinned() if optimized.plan.pinned_order else optimized.analysis  # as it runs
+        planned = as_planned(optimized.analysis, optimized.plan)  # as it runs: barriers split, pinned
         swapped = loop_swapped(planned, planned.loop_swaps, depth=1)
         predicted = simulate_baseline(swapped).trace.peak_bytes
     measured, seconds = timed_steps(run, inputs, steps)

@@ -115,3 +115,29 @@ def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
     split = without_barriers(analysis)
     assert split is not None and split.anatomy.loss == barrier_source(analysis.graph, loss, (loss.node,))
     assert split.graph.node(split.anatomy.loss.node).op != "IdentityN"
+
+
+def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():
+    import dataclasses
+
+    from seqmem.analysis import analyze_graph, as_planned
+    from seqmem.budget import plan_swaps
+    from seqmem.ir.graph import TensorInfo
+
+    g = graph(
+        node("x", "Placeholder", outputs=(1024,)),
+        node("f", "Op", ["x"], outputs=(1024,)),
+        node("loss", "Sum", ["f"], outputs=(TensorInfo("float32", (), 4),)),
+        node("gradient_tape/g1", "Op", ["loss", "f"], outputs=(1024,)),
+        node("gradient_tape/g2", "Op", ["gradient_tape/g1"], outputs=(1024,)),
+        node("join", "IdentityN", ["gradient_tape/g1", "gradient_tape/g2"], outputs=(1024, 1024)),
+        node("update1", "AssignSub", ["join:0"], outputs=()),
+        node("update2", "AssignSub", ["join:1"], outputs=()),
+    )
+    analysis = analyze_graph(g, inter_op_threads=1)
+    plan = plan_swaps(analysis, 1 << 40, pinned=True)
+    assert as_planned(analysis, plan).order == plan.pinned_order
+    split = as_planned(analysis, dataclasses.replace(plan, split_barriers=("join",), pinned_order=()))
+    assert "join" not in split.graph  # each update runs once its own gradient exists
+    assert split.order.index("update1") < split.order.index("gradient_tape/g2")
+    assert as_planned(analysis, dataclasses.replace(plan, pinned_order=())) is analysis
