@@ -15,9 +15,9 @@ Sizes (`TensorInfo`, `Node`):
 - a variant holding a TensorList (a loop's accumulator, a TensorArray): sized
   by following it back to the list's creation through identities, loops and
   function calls; each element is a buffer of its own (`element_bytes`),
-  except where a loop writes to a list buffers it writes to another list
-  too (the same value, a view of it, or a loop variable's previous value:
-  counted in the first list only); a list made from a tensor takes that
+  except where a loop pushes to an accumulator buffers it pushes to another
+  accumulator too (the same value, a view of it, or a loop variable's
+  previous value: counted in the first only); a list made from a tensor takes that
   tensor's refined shape (a gradient's `TensorListFromTensor` of the
   stacked decoder outputs);
 - an output that a called function or a loop returns unchanged shares its
@@ -316,9 +316,11 @@ class _VariantSizer:
         previous iteration returned for it: a decoder pushes its cell's output `h` to one accumulator and,
         next iteration, the loop variable `h` to another, and pushes the attention's `ExpandDims` of a
         softmax beside the softmax. Each buffer is counted in the first accumulator pushing it; all of them
-        live until the gradient loop pops them. A TensorArray (written with `TensorListSetItem`) is stacked
-        and dropped after its loop, so buffers it shares are not counted there. The first iteration's value
-        of a loop variable is left out (one element of the list)."""
+        live until the gradient loop pops them. A TensorArray (written with `TensorListSetItem`) is left
+        out: stacked and dropped after its loop, it holds its buffers for less time than an accumulator,
+        which counts them too. The first iteration's value of a loop variable is left out (one element of
+        the list). `seqmem.edge.loop_swap` follows a pushed value the same way in a FunctionDef
+        (`LoopSwap.buffer`), to swap such lists together."""
         if loop.name not in self._sharing:
             body = self._bodies.get(loop.get_attr("body").name)
             shared, seen = set(), set()
