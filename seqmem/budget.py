@@ -460,7 +460,7 @@ def _buffer_groups(graph: Graph, swaps: Sequence[LoopSwap]) -> list[list[LoopSwa
 
 def _list_bytes(graph: Graph, swaps: Sequence[LoopSwap]) -> int:
     """Bytes of the full lists of `swaps`: what they hold in host memory once swapped."""
-    return sum(swap.element_bytes * iterations(graph, swap) for swap in swaps)
+    return sum(swap.element_bytes * iterations(graph, swap, swaps) for swap in swaps)
 
 
 def _loop_fields(loop_swaps: tuple[LoopSwap, ...], depth: Optional[int], graph: Graph, machine: MachineModel) -> dict:

@@ -228,6 +228,7 @@ def test_a_list_of_another_lists_buffers_goes_with_it_and_a_list_of_none_of_its_
              for budget in (50, 40, 30)}
     assert plans[50].loop_swaps == (second,)
     assert plans[40].loop_swaps == (first, sharer)
+    assert plans[40].loop_swapped_bytes == 80 * MB  # the sharer serializes its elements too: a second host copy
     assert plans[30].loop_swaps == (first, sharer, second)
     assert all(plan.feasible for plan in plans.values())
 

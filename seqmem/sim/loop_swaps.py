@@ -22,10 +22,16 @@ __all__ = ["SERIALIZED_ELEMENT_BYTES", "iterations", "with_loop_swaps"]
 SERIALIZED_ELEMENT_BYTES = 256  # the BFC allocator's smallest chunk, holding one scalar string
 
 
-def iterations(graph: Graph, swap: LoopSwap) -> int:
-    """Elements the full list holds: its bytes over one element's (0 for a list of another list's elements,
-    which holds no bytes of its own)."""
-    return graph.tensor(swap.tensor).size_bytes // swap.element_bytes
+def iterations(graph: Graph, swap: LoopSwap, swaps: Sequence[LoopSwap] = ()) -> int:
+    """Elements the full list holds: its bytes over one element's. A list sized 0 because another list of
+    the same loop in `swaps` holds its buffers (the same `LoopSwap.buffer`; `seqmem.edge.capture` counts
+    them there) holds as many as that list, each serialized on its own once swapped; a list of another
+    list's elements or of a variable's value, 0."""
+    own = graph.tensor(swap.tensor).size_bytes // swap.element_bytes
+    if own or swap.buffer is None:
+        return own
+    return max((graph.tensor(other.tensor).size_bytes // other.element_bytes for other in swaps
+                if other.forward_loop == swap.forward_loop and other.buffer == swap.buffer), default=0)
 
 
 def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Sequence[LoopSwap],
@@ -40,7 +46,8 @@ def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Seque
     resized: dict[str, dict[int, int]] = {}
     scratch = dict(scratch_bytes)
     for swap in swaps:
-        resized.setdefault(swap.forward_loop, {})[swap.forward_index] = iterations(graph, swap) * SERIALIZED_ELEMENT_BYTES
+        resized.setdefault(swap.forward_loop, {})[swap.forward_index] = (iterations(graph, swap, swaps)
+                                                                         * SERIALIZED_ELEMENT_BYTES)
         for loop in (swap.forward_loop, swap.gradient_loop):
             scratch[loop] = scratch.get(loop, 0) + depth * swap.element_bytes
     nodes = []
