@@ -37,6 +37,10 @@ class StepAnalysis:
     (found by `seqmem.edge.loop_swap.loop_accumulators`).
     arena_reserved: the device's arena was reserved up front, not grown (`runtime.device.reserve_arena`);
     the BFC allocator model follows it.
+    in_use_before_bytes: bytes measured in use on the measuring device (under the simulator's device name:
+    "" for the default device) when the step was analyzed, before it first ran; the simulator counts them
+    in place of its own chunks for the variables and inputs (`sim.simulator.simulate`). Empty where
+    nothing was measured.
     """
 
     graph: Graph
@@ -47,6 +51,13 @@ class StepAnalysis:
     pinned_order: tuple[str, ...] = ()
     loop_swaps: tuple[LoopSwap, ...] = ()
     arena_reserved: bool = False
+    in_use_before_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def simulator_options(self) -> dict:
+        """The keyword arguments of `sim.simulator.simulate` this analysis fixes: kernels' scratch bytes, the
+        arena's mode and the bytes in use before the step."""
+        return {"scratch_bytes": self.scratch_bytes, "reserved_arena": self.arena_reserved,
+                "in_use_before_bytes": self.in_use_before_bytes}
 
     def pinned(self) -> "StepAnalysis":
         """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
@@ -115,7 +126,8 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
     split = analyze_graph(split_barriers(analysis.graph, barriers), loss=loss,
                           op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
-    return dataclasses.replace(split, arena_reserved=analysis.arena_reserved)
+    return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,
+                               in_use_before_bytes=analysis.in_use_before_bytes)
 
 
 def as_planned(analysis: StepAnalysis, plan: SwapPlan) -> StepAnalysis:

@@ -72,7 +72,7 @@ def _simulate(analysis: StepAnalysis, events, allocator: str, arena_bytes: Optio
     """The simulated trace, and whether the allocator model placed every buffer within `arena_bytes`."""
     limit = arena_bytes if allocator == "bfc" else None
     arguments = (analysis.graph, analysis.order, events)
-    model = {"allocator": allocator, "scratch_bytes": analysis.scratch_bytes, "reserved_arena": analysis.arena_reserved}
+    model = {"allocator": allocator, **analysis.simulator_options()}
     try:
         return simulate(*arguments, limit_bytes=limit, **model), True
     except SimulatedOutOfMemoryError:

@@ -72,10 +72,9 @@ def plot_memory_curves(
 def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) -> str:
     """Write a PNG of the step's predicted memory before `plan` (as it runs) and after it (in the plan's
     pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
-    baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
-                        reserved_arena=analysis.arena_reserved)
+    baseline = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options())
     planned = as_planned(analysis, plan)
     after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
-                     scratch_bytes=planned.scratch_bytes, reserved_arena=planned.arena_reserved)
+                     **planned.simulator_options())
     curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]
     return plot_memory_curves(path, analysis.timing, curves, title=title, budget_bytes=plan.budget_bytes)

@@ -143,8 +143,7 @@ def batch_bounds(depth: int, image_size: int, classes: int, budget_mb: int) -> d
                       for ref in set(node.inputs) | {TensorRef(name, i) for i in range(len(node.outputs))})
             for name, node in graph.nodes.items()
         })
-        trace = simulate(graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
-                         reserved_arena=analysis.arena_reserved)
+        trace = simulate(graph, analysis.order, allocator="bfc", **analysis.simulator_options())
         peaks.append(trace.peak_bytes)
     scratch, persistent = analysis.scratch_bytes, trace.busiest().persistent_bytes
     budget = budget_mb * MIB - persistent

@@ -159,8 +159,7 @@ def profile(
             op_time_s = trace_op_times(run, args)
     analysis = analyze_function(function, loss=loss, machine=machine, op_time_s=op_time_s, measure_scratch=measure)
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
-    trace = simulate(graph, analysis.order, allocator=allocator, scratch_bytes=analysis.scratch_bytes,
-                     reserved_arena=analysis.arena_reserved)
+    trace = simulate(graph, analysis.order, allocator=allocator, **analysis.simulator_options())
     measured = measure_step_peak(run, args, function, measured_steps) if measure else None
     return Profile(
         graph=graph,

@@ -40,6 +40,7 @@ def analyze_function(
     """
     with gc_paused():  # capture builds many objects around a large graph
         graph = capture.from_tf(function)
+    in_use_before = _in_use_bytes()  # after the capture, whose tracing may create variables (optimizer slots)
     measured = None
     if measure_scratch:
         from seqmem.edge.scratch_probe import measure_scratch_bytes
@@ -48,7 +49,17 @@ def analyze_function(
     swaps, held_by_bodies = _loops_and_calls(graph)
     analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
                              inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies)
-    return dataclasses.replace(analysis, arena_reserved=device.arena_reserved())
+    return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before)
+
+
+def _in_use_bytes() -> dict[str, int]:
+    """Bytes in use now on the measuring device, under the simulator's name for the default device, "",
+    where a captured step's ops run unless placed: the measuring device is TensorFlow's default one (a GPU
+    when there is one). {} where nothing can be measured."""
+    try:
+        return {"": device.memory_stats().current_bytes}
+    except RuntimeError:  # a CPU that is not the emulated device: no arena to read
+        return {}
 
 
 def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
@@ -71,5 +82,4 @@ def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int
     measure_scratch: probe kernels' scratch memory on the measuring device, as `optimize` does.
     """
     analysis = analyze_function(function, measure_scratch=measure_scratch)
-    return simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes,
-                    reserved_arena=analysis.arena_reserved).peak_bytes
+    return simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes

@@ -28,6 +28,11 @@ Model (that of TensorFlow's executor with a BFC allocator):
   first: the variables behind its resource handles, in graph order (the order
   the step captured them, as the model created them), then the step's folded
   constants, which TensorFlow allocates when it instantiates the step.
+  Where the bytes in use on a device before the step first ran were measured
+  (`in_use_before_bytes`: its variables and inputs, and whatever else the process
+  holds there), they replace the allocator model's chunks for the variables and
+  inputs in the persistent bytes: the model places those in an empty arena,
+  without the history (initializers, temporaries) that decided their chunks.
 - While a node runs, its inputs, its outputs and its scratch memory
   (`scratch_bytes`) are all live: `live_bytes[i]` is the transient
   memory while `order[i]` runs.
@@ -44,12 +49,13 @@ Linear in the size of the graph: one pass over `order`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS,
-                                 LOOP_MERGE_OPS)
+                                 LOOP_MERGE_OPS, STEP_ARGUMENT_OPS)
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.sim.scratch import static_scratch_bytes
 
@@ -150,12 +156,14 @@ class _Buffer:
 
 
 class _DeviceMemory:
-    """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent."""
+    """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent
+    (`before_step_chunk_bytes`: the chunks of the variables and inputs, which exist before the step runs)."""
 
     def __init__(self, allocator: str, limit_bytes: int | None, reserved_arena: bool) -> None:
         self.model = BFCAllocatorModel(limit_bytes, reserved_arena) if allocator == "bfc" else ExactAllocator()
         self.tensor_bytes = 0
         self.persistent_bytes = 0
+        self.before_step_chunk_bytes = 0
         self.tensor_persistent_bytes = 0
         self.persistent_handles: dict[TensorRef, int] = {}
 
@@ -167,12 +175,14 @@ class _DeviceMemory:
         self.tensor_bytes -= size
         self.model.free(handle)
 
-    def allocate_persistent(self, owner: TensorRef, size: int) -> None:
+    def allocate_persistent(self, owner: TensorRef, size: int, before_step: bool = False) -> None:
         if owner not in self.persistent_handles:
             before = self.model.in_use_bytes
             self.persistent_handles[owner] = self.allocate(size)
             self.persistent_bytes += self.model.in_use_bytes - before
             self.tensor_persistent_bytes += size
+            if before_step:
+                self.before_step_chunk_bytes += self.model.in_use_bytes - before
 
 
 _ALLOCATORS = ("bfc", "exact")
@@ -187,6 +197,7 @@ def simulate(
     scratch_bytes: Mapping[str, int] | None = None,
     limit_bytes: int | None = None,
     reserved_arena: bool = False,
+    in_use_before_bytes: Mapping[str, int] | None = None,
 ) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
@@ -200,6 +211,9 @@ def simulate(
     past it, so fragmentation can exhaust it before the bytes in use do.
     reserved_arena: the "bfc" model's arena is reserved up front instead of grown
     (`StepAnalysis.arena_reserved`, `seqmem.sim.allocator`).
+    in_use_before_bytes: bytes measured in use on a device (by its name in the trace: "" for the default
+    device) before the step first ran (`StepAnalysis.in_use_before_bytes`); on that device they replace
+    the model's chunks for the variables and inputs in `persistent_bytes` and the peak.
     Raises ValueError if `order` is not a valid schedule of the graph, a swap
     refers to nodes out of order, or `allocator` is unknown; SimulatedOutOfMemoryError when the
     "bfc" model cannot place a buffer within `limit_bytes`.
@@ -216,7 +230,8 @@ def simulate(
     _instantiate(graph, memories, model)
     if allocator == "bfc":
         _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
-    return _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
+    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
+    return _with_in_use_before(trace, memories, in_use_before_bytes or {})
 
 
 def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
@@ -237,7 +252,7 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
 
     for name, node in graph.nodes.items():
         if node.resource_bytes:
-            memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes)
+            memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
     for name, node in graph.nodes.items():
         if not node.folded:
             continue
@@ -293,7 +308,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             memories[device] = _DeviceMemory(*allocator)
         memory = memories[device]
         if node.resource_bytes:
-            memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes)
+            memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
         if node.constant_bytes:
             memory.allocate_persistent(TensorRef(name, -2), node.constant_bytes)
 
@@ -346,7 +361,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             buffers.append(buffer)
             new_buffers.append(buffer)
             if buffer.persistent:
-                memory.allocate_persistent(ref, size)
+                memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
             elif size:
                 buffer.handle = memory.allocate(size, buffer.pieces)
 
@@ -392,6 +407,21 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
         lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
     )
+
+
+def _with_in_use_before(trace: MemoryTrace, memories: Mapping[str, _DeviceMemory],
+                        in_use_before_bytes: Mapping[str, int]) -> MemoryTrace:
+    """`trace` with each device of `in_use_before_bytes` counting those bytes, measured, for the chunks the
+    model gave its variables and inputs."""
+    devices = dict(trace.devices)
+    for device, measured in in_use_before_bytes.items():
+        if device not in devices:
+            continue
+        shift = measured - memories[device].before_step_chunk_bytes
+        timeline = devices[device]
+        devices[device] = dataclasses.replace(timeline, persistent_bytes=timeline.persistent_bytes + shift,
+                                              peak_bytes=timeline.peak_bytes + shift)
+    return dataclasses.replace(trace, devices=devices)
 
 
 def _pieces(info, size: int) -> int:

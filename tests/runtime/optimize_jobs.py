@@ -49,6 +49,26 @@ def fitting_step(name, batch, steps=2):
             step.plan.predicted_peak_after_bytes)
 
 
+def held_memory(name, batch, held_mb, steps=3):
+    """An example's step optimized for a budget it fits, alone on the device and again while the process holds
+    `held_mb` MiB more there: (the two predicted peaks, the bytes held, the measured peaks of the second,
+    pinned as planned, beside them)."""
+    import tensorflow as tf
+
+    from seqmem.examples.steps import build_example
+    from seqmem.runtime.measure import step_peaks
+    from seqmem.runtime.optimize import optimize
+
+    example = build_example(name, batch)
+    args = example.make_inputs(0)
+    alone = optimize(example.step, 1e5, input_signature=example.input_specs, calibrate=False)
+    held = tf.fill([held_mb << 18], 1.0)  # float32: held_mb MiB in the arena
+    beside = optimize(example.step, 1e5, input_signature=example.input_specs, calibrate=False)
+    peaks = step_peaks(beside, args, example.model.variables, steps, warm_up=True)
+    return (alone.plan.predicted_peak_after_bytes, beside.plan.predicted_peak_after_bytes, held.shape[0] * 4,
+            peaks)
+
+
 FRACTIONS = (0.8, 0.85, 0.9, 0.95, 0.98)
 
 

@@ -67,6 +67,21 @@ def test_a_step_that_fits_as_it_is_is_pinned_on_one_stream_and_runs_as_predicted
 
 
 @pytest.mark.device
+def test_memory_the_process_holds_on_the_device_counts_in_the_prediction():
+    # cnn at batch 64, pinned: the bytes measured in use when the step is analyzed stand for the model's
+    # variables and inputs, so 32 MiB more held by the process raise the prediction by 32 MiB (and the few
+    # bytes of the small tensors made beside them: 1792 measured), as they raise the measured peak. Measured
+    # beside them the step peaked at 130.2 MB, 116.7 predicted (84.8 without them): where they lie changes
+    # where the step's tensors go, which the prediction does not follow (docs/results.md, "Bytes in use
+    # before the step, measured").
+    run = run_with_budget(optimize_jobs.held_memory, "cnn", 64, 32, budget_mb=4096)
+    assert run.ok, run.message
+    alone, beside, held, peaks = run.value
+    assert held == 32 << 20 and held <= beside - alone <= held + (64 << 10)
+    assert min(peaks) >= alone + held
+
+
+@pytest.mark.device
 def test_step_that_ooms_trains_under_the_same_budget_with_seqmem():
     # the demo's case: ResNet-14 at batch 256 under 200 MB (by hand: baseline OOM 4 of 4 runs at 200-250 MB,
     # seqmem measured 119-138 MB in 3 of 3). The small CNN at 170 MB was not reliable (README).

@@ -75,6 +75,28 @@ def test_the_bfc_model_places_variables_before_the_step_in_graph_order_whatever_
         assert bfc.persistent_bytes == 2 * mib + 3 * mib // 2 + 2 * 256, order
 
 
+def test_bytes_measured_in_use_before_the_step_replace_the_variables_and_inputs_chunks_not_the_constants():
+    # a 1.5 MiB variable and a 1 KiB input, which exist before the step runs, and a 1 MiB folded constant,
+    # which the step's first call allocates: 5 MiB measured in use before it stand for the first two alone
+    mib = 1 << 20
+    g = graph(
+        node("v", "Placeholder", outputs=(4,), resource_bytes=3 * mib // 2),
+        node("x", "Placeholder", outputs=(1024,)),
+        node("c", "Fill", outputs=(mib,), folded=True),
+        node("t", "Op", ["v", "x", "c"], outputs=(mib // 2,)),
+        node("out", "Op", ["t"], outputs=(4,)),
+    )
+    order = ["v", "x", "c", "t", "out"]
+    modelled = simulate(g, order, allocator="bfc").devices[""]
+    measured = simulate(g, order, allocator="bfc", in_use_before_bytes={"": 5 * mib}).devices[""]
+    variable_and_input = 2 * mib + 256 + 1024  # the variable's 2 MiB region (unsplit), its handle, the input
+    assert measured.persistent_bytes == modelled.persistent_bytes - variable_and_input + 5 * mib
+    assert measured.peak_bytes == modelled.peak_bytes - variable_and_input + 5 * mib
+    assert measured.live_bytes == modelled.live_bytes
+    other_device = simulate(g, order, allocator="bfc", in_use_before_bytes={"GPU:0": 5 * mib}).devices[""]
+    assert other_device.peak_bytes == modelled.peak_bytes
+
+
 def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     g = graph(
         node("x", "Placeholder", outputs=(8,)),
