@@ -235,7 +235,8 @@ class _Planner:
 
     @property
     def persistent_bytes(self) -> int:
-        """Predicted bytes no plan can free: weights, optimizer slots, inputs."""
+        """Predicted bytes no plan can free: weights, optimizer slots, inputs, constants, and whatever else
+        the process held on the device when the step was analyzed (`StepAnalysis.in_use_before_bytes`)."""
         return self._baseline("as it is").trace.busiest().persistent_bytes
 
     def plan(self, target_bytes: int) -> SwapPlan:
@@ -375,7 +376,8 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
     if target_bytes <= planner.persistent_bytes:
         raise InfeasibleBudgetError(
             f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and no "
-            f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs) is "
+            f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs, and what "
+            f"else the process holds on the device) is "
             f"{planner.persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
             smallest_peak_bytes=plan.predicted_peak_after_bytes, measured_peak_bytes=lowest_measured,
         )
