@@ -25,13 +25,16 @@ model of the allocator to predict them:
     at lower addresses, and nothing grows.
 
 A request may be made of equal pieces (a TensorList's elements, each a buffer
-of its own): the models place each piece and free them together.
+of its own): the models place each piece and free them together. Pieces
+placed at different times (a list a loop fills) become one request with
+`group`.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seqmem.errors import SimulatedOutOfMemoryError
@@ -61,6 +64,12 @@ class ExactAllocator:
 
     def free(self, handle: int) -> None:
         self.in_use_bytes -= self._sizes.pop(handle)
+
+    def group(self, handles: Sequence[int]) -> int:
+        """One handle for `handles`, freed together."""
+        handle = next(self._ids)
+        self._sizes[handle] = sum(self._sizes.pop(piece) for piece in handles)
+        return handle
 
 
 @dataclass
@@ -116,6 +125,12 @@ class BFCAllocatorModel:
             self._split(handle, rounded)
         chunk.free = False
         self.in_use_bytes += chunk.size
+        return handle
+
+    def group(self, handles: Sequence[int]) -> int:
+        """One handle for chunks allocated one by one (`handles`), freed together."""
+        handle = next(self._ids)
+        self._pieces[handle] = list(handles)
         return handle
 
     def free(self, handle: int) -> None:

@@ -20,7 +20,13 @@ Model (that of TensorFlow's executor with a BFC allocator):
   list swapped: 257.9 MB predicted as one request, 236.2 in pieces; medians of
   229-246 MB measured in five processes).
   A list's elements are buffers of their own (`TensorInfo.element_bytes`):
-  the allocator model places each one.
+  the allocator model places each one. A list the loop fills gets its
+  elements one per iteration, each placed while that iteration's body is
+  allocated, as a loop bounded to one iteration at a time runs (the same
+  step, efficient attention: 231.7 MB predicted with the elements placed
+  together, 245.3 placed per iteration, 252.1 measured; the predicted peak
+  moved to the decoder's `TensorListStack`, where an allocator trace of the
+  step puts the measured one).
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
@@ -174,6 +180,21 @@ class _DeviceMemory:
     def free(self, handle: int, size: int) -> None:
         self.tensor_bytes -= size
         self.model.free(handle)
+
+    def allocate_filled(self, lists: Sequence[tuple[int, int]], body_bytes: int, body_pieces: int) -> list[int]:
+        """Handles of the lists a loop fills, `(bytes, elements)` each, placed as the loop runs one iteration
+        at a time: each iteration's body (`body_bytes` in `body_pieces`) is allocated, then that iteration's
+        element of each list, then the body is freed."""
+        elements: list[list[int]] = [[] for _ in lists]
+        for iteration in range(max(count for _, count in lists)):
+            body = self.model.allocate(body_bytes, body_pieces) if body_bytes else None
+            for handles, (size, count) in zip(elements, lists):
+                if iteration < count:
+                    handles.append(self.model.allocate(size // count))
+            if body is not None:
+                self.model.free(body)
+        self.tensor_bytes += sum(size for size, _ in lists)
+        return [self.model.group(handles) for handles in elements]
 
     def allocate_persistent(self, owner: TensorRef, size: int, before_step: bool = False) -> None:
         if owner not in self.persistent_handles:
@@ -335,6 +356,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             release(buffer_of[node.inputs[index]], step)
 
         new_buffers = []
+        filled = []  # lists this loop fills, an element per iteration
         persistent = node.persistent
         for index, info in enumerate(node.outputs):
             ref = TensorRef(name, index)
@@ -362,12 +384,19 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             new_buffers.append(buffer)
             if buffer.persistent:
                 memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
+            elif node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
+                filled.append(buffer)
             elif size:
                 buffer.handle = memory.allocate(size, buffer.pieces)
 
         scratch = scratch_bytes.get(name, 0)
         body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
-        scratch_handle = memory.allocate(scratch, max(1, scratch // BODY_PIECE_BYTES) if body else 1) if scratch else None
+        scratch_pieces = max(1, scratch // BODY_PIECE_BYTES) if body else 1
+        if filled:
+            handles = memory.allocate_filled([(b.size, b.pieces) for b in filled], scratch, scratch_pieces)
+            for buffer, handle in zip(filled, handles):
+                buffer.handle = handle
+        scratch_handle = memory.allocate(scratch, scratch_pieces) if scratch else None
         for dev, other in memories.items():
             if dev not in timelines:
                 timelines[dev] = ([0] * step, [0] * step)

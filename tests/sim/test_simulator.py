@@ -34,6 +34,20 @@ def test_the_bfc_model_places_a_list_element_by_element():
     assert simulate(whole, _order(whole), allocator="bfc").devices[""].live_bytes[0] == 16 * mib
 
 
+def test_the_bfc_model_places_a_filled_lists_elements_as_the_iterations_run():
+    # a loop fills a list of two 1 MiB elements, each iteration's body holding 1 MiB. Iteration 1's body and
+    # element split the first 2 MiB region; iteration 2's body takes the body's freed chunk back and its
+    # element opens a 4 MiB region, whose 3 MiB rest the 2 MiB stack after the loop is handed unsplit (under
+    # twice the request): 5 MiB of chunks for 4 MiB of tensors. Placed together, the elements would fill the
+    # first region and the stack would split the second: 4 MiB.
+    mib = 1 << 20
+    listed = TensorInfo("variant", (), 2 * mib, element_bytes=mib)
+    g = graph(node("loop", "While", outputs=(listed,)), node("stack", "Op", ["loop"], outputs=(2 * mib,)),
+              node("out", "Op", ["stack"], outputs=(4,)))
+    bfc = simulate(g, _order(g), allocator="bfc", scratch_bytes={"loop": mib}).devices[""]
+    assert bfc.live_bytes[1] == 5 * mib and bfc.tensor_live_bytes[1] == 4 * mib
+
+
 def test_the_bfc_model_places_a_body_in_pieces_and_a_kernels_scratch_whole():
     # one iteration of a loop holding 10 MiB of its own tensors, in 1 MiB pieces: 11 MiB of chunks (the first
     # 2 MiB region's rest, after the output's 256-byte chunk, is handed whole to one piece); a kernel's 10 MiB
