@@ -23,10 +23,11 @@ Model (that of TensorFlow's executor with a BFC allocator):
   the allocator model places each one. A list the loop fills gets its
   elements one per iteration, each placed while that iteration's body is
   allocated, as a loop bounded to one iteration at a time runs (the same
-  step, efficient attention: 231.7 MB predicted with the elements placed
-  together, 245.3 placed per iteration, 252.1 measured; the predicted peak
-  moved to the decoder's `TensorListStack`, where an allocator trace of the
-  step puts the measured one).
+  step with efficient attention: 231.7 MB predicted with the elements placed
+  together, 245.3 placed per iteration; process medians of 228-252 MB
+  measured, 243.1 the median of nine. The predicted peak moved to the
+  decoder's `TensorListStack`, where an allocator trace puts the measured
+  one).
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function holds (`Node.constant_bytes`) are persistent:
