@@ -48,7 +48,7 @@ from seqmem.edge.passthrough import passed_through_inputs
 from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
-from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef, loop_value_buffer
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, VIEW_OPS
 
 __all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
@@ -320,7 +320,7 @@ class _VariantSizer:
         out: stacked and dropped after its loop, it holds its buffers for less time than an accumulator,
         which counts them too. The first iteration's value of a loop variable is left out (one element of
         the list). `seqmem.edge.loop_swap` follows a pushed value the same way in a FunctionDef
-        (`LoopSwap.buffer`), to swap such lists together."""
+        (`LoopSwap.buffer`), to swap such lists together; both use `ir.graph.loop_value_buffer`."""
         if loop.name not in self._sharing:
             body = self._bodies.get(loop.get_attr("body").name)
             shared, seen = set(), set()
@@ -386,17 +386,15 @@ class _VariantSizer:
 def _element_buffer(body: tf.Graph, value: tf.Tensor) -> str:
     """The name of the body tensor whose buffer `value` (written to a list in loop body `body`) is: followed
     back through views and, from a loop variable, to the body's output for it (the previous iteration's)."""
-    arguments = [t.name for t in body.inputs]
-    seen = set()
-    while value.name not in seen:
-        seen.add(value.name)
-        if value.name in arguments and arguments.index(value.name) < len(body.outputs):
-            value = body.outputs[arguments.index(value.name)]
-        elif value.op.type in VIEW_OPS:
-            value = value.op.inputs[value.value_index if value.op.type == "IdentityN" else 0]
-        else:
-            break
-    return value.name
+    returned = {argument.name: output.name for argument, output in zip(body.inputs, body.outputs)}
+
+    def view_input(name: str) -> Optional[str]:
+        tensor = body.get_tensor_by_name(name)
+        if tensor.op.type not in VIEW_OPS:
+            return None
+        return tensor.op.inputs[tensor.value_index if tensor.op.type == "IdentityN" else 0].name
+
+    return loop_value_buffer(value.name, returned, view_input)
 
 
 def _common_shape(shapes) -> tf.TensorShape:

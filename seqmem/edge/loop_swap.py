@@ -42,6 +42,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 
 from seqmem.edge import library
+from seqmem.ir.graph import loop_value_buffer
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, VIEW_OPS
 from seqmem.swap.plan import LoopSwap
 
@@ -256,18 +257,16 @@ def _pushed_buffer(body: function_pb2.FunctionDef, index: int) -> str:
     """The body tensor whose buffer loop output `index`'s PushBack saves: its pushed value followed back
     through views (`VIEW_OPS`) and through loop variables to the value the previous iteration returned."""
     nodes = {n.name: n for n in body.node_def}
-    arguments = [arg.name for arg in body.signature.input_arg]
-    name, seen = _push(body, index).input[1], set()
-    while name not in seen:
-        seen.add(name)
-        if name in arguments:
-            name = body.ret[body.signature.output_arg[arguments.index(name)].name]
-            continue
+    returned = {argument.name: body.ret[output.name]
+                for argument, output in zip(body.signature.input_arg, body.signature.output_arg)}
+
+    def view_input(name: str) -> Optional[str]:
         node = nodes.get(name.split(":")[0])
         if node is None or node.op not in VIEW_OPS:
-            break
-        name = node.input[int(name.split(":")[-1]) if node.op == "IdentityN" else 0]
-    return name
+            return None
+        return node.input[int(name.split(":")[-1]) if node.op == "IdentityN" else 0]
+
+    return loop_value_buffer(_push(body, index).input[1], returned, view_input)
 
 
 def _push(body: function_pb2.FunctionDef, index: int) -> node_def_pb2.NodeDef | None:

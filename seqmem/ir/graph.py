@@ -14,7 +14,7 @@ new `Graph` with `Graph.replace`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from seqmem.errors import GraphError
 from seqmem.ir.op_tables import LOOP_BACK_OPS, LOOP_MERGE_OPS, VIEW_OPS, is_persistent_op
 
-__all__ = ["Graph", "Node", "TensorInfo", "TensorRef", "view_source"]
+__all__ = ["Graph", "Node", "TensorInfo", "TensorRef", "loop_value_buffer", "view_source"]
 
 
 class TensorRef(NamedTuple):
@@ -310,6 +310,20 @@ def view_source(node: Node, index: int) -> TensorRef | None:
     if node.op == "IdentityN":
         return node.inputs[index] if index < len(node.inputs) else None
     return node.inputs[0] if index == 0 else None
+
+
+def loop_value_buffer(name: str, returned: Mapping[str, str], view_input: Callable[[str], str | None]) -> str:
+    """The tensor whose buffer a value `name` of a loop body is, in whatever naming the body uses: followed back
+    through views (`view_input`: a view's input, None for any other tensor) and, from a loop variable, to the
+    value the previous iteration returned for it (`returned`, by loop variable)."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        following = returned.get(name) or view_input(name)
+        if following is None:
+            break
+        name = following
+    return name
 
 
 def _rebuild(nodes, outputs, library, versions) -> Graph:

@@ -1,7 +1,7 @@
 import pytest
 
 from seqmem.errors import GraphError
-from seqmem.ir.graph import TensorRef
+from seqmem.ir.graph import TensorRef, loop_value_buffer
 from tests.builders import graph, node, training_graph
 
 
@@ -68,3 +68,12 @@ def test_replace_builds_a_new_graph_and_keeps_the_old():
     smaller = g.replace(nodes=[n for n in g.nodes.values() if n.name != "update"])
     assert "update" in g and "update" not in smaller
     assert len(smaller) == len(g) - 1
+
+
+def test_a_loop_value_is_followed_through_views_and_loop_variables_to_its_buffer():
+    # x = Identity(h); h is a loop variable whose next value the body returns as y = Reshape(z)
+    views = {"x": "h", "y": "z"}
+    assert loop_value_buffer("x", {"h": "y"}, views.get) == "z"
+    assert loop_value_buffer("x", {}, views.get) == "h"  # h is an argument nothing returns for
+    # a variable returned unchanged (h -> Identity(h)) ends at itself instead of cycling
+    assert loop_value_buffer("h", {"h": "i"}, {"i": "h"}.get) == "h"
