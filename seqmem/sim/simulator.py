@@ -50,7 +50,10 @@ Model (that of TensorFlow's executor with a BFC allocator):
   it (casting back, or recomputing it) holds `restore_bytes` more while
   `in_before` runs, with the compressed copy.
 
-Linear in the size of the graph: one pass over `order`.
+Linear in the size of the graph: one pass over `order` (two with the "bfc"
+model), plus, for a loop that fills lists, its iterations times its body's
+pieces (the tfa NMT step at T = 400, batch 32: 0.49 s a simulation, 0.18 s with
+the elements placed together).
 """
 
 from __future__ import annotations
