@@ -4,14 +4,13 @@ The simulator treats a while loop and a function call as one node each: their
 inputs and outputs (a loop's variables and lists, what a call returns) are live
 while it runs. The body allocates more. An iteration of a loop holds its
 intermediates (an attention step's [batch, time, units] scores and their
-gradients, for instance) and its constants, which the kernels materialize. A
-called function holds its intermediates while it runs: a Keras LSTM's backward
-function, its transposed gradients and the zeroed lists it makes beside the
-lists it consumes. Per loop and per call, `body_bytes` simulates the body once
+gradients, for instance). A called function holds its intermediates while it
+runs: a Keras LSTM's backward function, its transposed gradients and the zeroed
+lists it makes beside the lists it consumes. Per loop and per call, `body_bytes` simulates the body once
 with exact tensor sizes and returns its peak beyond what the node is charged
 anyway, charged to the node as scratch:
 
-    loop: peak live bytes of one iteration's own tensors + bytes of its constants
+    loop: peak live bytes of one iteration's own tensors
     call: peak live bytes of the body's own tensors - bytes of what it returns
 
 A loop runs one iteration after another (`optimize` bounds it so), each in the
@@ -23,17 +22,17 @@ inlining, in no order one body shows: its body runs in topological order.
 A gradient loop's body is sized with the element shapes of the lists it pops
 (`seqmem.edge.loop_swap.with_popped_shapes`): TensorFlow's shape inference
 leaves them unknown in the body, and with them the size of what the body
-computes from them (the NMT step's gradient iteration at batch 223: 12.1 MB
-sized without them, 33.8 MB with).
+computes from them (the NMT step's gradient iteration at batch 223: 11.2 MB
+sized without them, 32.9 MB with).
 
-Leaving out the body's arguments (the node's inputs); for a loop, elements it
-reads from or writes to a list (the list's buffers); for a call, its constants
-(held across steps: `seqmem.edge.folded_constants`). What a call returns (the
-node's outputs) is live for the whole call in the simulator, so its body is
-charged only what its peak holds beyond them (at least 0). Loops and calls
-nested in a body are charged the same way inside it, recursively. One iteration is charged, as `optimize`
-runs loops (one iteration at a time); a loop left to run iterations in
-parallel may hold more.
+Leaving out the body's arguments (the node's inputs), its constants (held across
+steps, charged to the node: `seqmem.edge.folded_constants`) and, for a loop,
+elements it reads from or writes to a list (the list's buffers). What a call
+returns (the node's outputs) is live for the whole call in the simulator, so
+its body is charged only what its peak holds beyond them (at least 0). Loops
+and calls nested in a body are charged the same way inside it, recursively.
+One iteration is charged, as `optimize` runs loops (one iteration at a time); a
+loop left to run iterations in parallel may hold more.
 """
 
 from __future__ import annotations
@@ -89,12 +88,10 @@ def body_bytes(graph_def: graph_pb2.GraphDef) -> dict[str, int]:
 
 def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
     """Peak live bytes of a loop body's own tensors, list elements aside (`nested` bytes charged to its
-    loops and calls), plus its constants' bytes."""
-    constants = sum(info.size_bytes or 0 for node in body.nodes.values() if node.op == "Const" or node.folded
-                    for info in node.outputs)
+    loops and calls)."""
     listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
     listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
-    return _peak_without(body, listed, nested, executor=True) + constants
+    return _peak_without(body, listed, nested, executor=True)
 
 
 def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef]) -> int:

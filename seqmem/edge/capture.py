@@ -24,9 +24,10 @@ Sizes (`TensorInfo`, `Node`):
   input's buffer (`passes_input`, `seqmem.edge.passthrough`);
 - a read of a variable in copy-on-read mode owns a copy (`copies_input`,
   `seqmem.edge.copy_on_read`);
-- the constants a called function holds once instantiated are booked on the
-  call node (`constant_bytes`), and nodes TensorFlow replaces with constants
-  it keeps are marked `folded` (`seqmem.edge.folded_constants`);
+- the constants a called function or a loop's functions hold once
+  instantiated are booked on the call or loop node (`constant_sizes`), and
+  nodes TensorFlow replaces with constants it keeps are marked `folded`
+  (`seqmem.edge.folded_constants`);
 - other unknowns are None.
 """
 
@@ -42,7 +43,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
 
 from seqmem.edge.copy_on_read import copying_reads
-from seqmem.edge.folded_constants import call_constant_bytes, folded_ops
+from seqmem.edge.folded_constants import folded_ops, held_constants
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.passthrough import passed_through_inputs
 from seqmem.edge.sizes import static_bytes
@@ -109,7 +110,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
     variable_bytes = _captured_variable_bytes(tf_graph)
     bodies = FunctionBodies(graph_def.library)
     sizer = _VariantSizer(bodies)
-    constant_bytes = call_constant_bytes(tf_graph, bodies)
+    constants = held_constants(tf_graph, bodies)
     folded = folded_ops(tf_graph)
     passed = passed_through_inputs(tf_graph, bodies)
     copying = copying_reads(tf_graph, bodies)
@@ -122,7 +123,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
                                      op.name in copying)
                         for index, t in enumerate(op.outputs))
         nodes.append(_node(node_def, op, outputs, variable_bytes.get(node_def.name, 0),
-                           constant_bytes.get(node_def.name, 0), node_def.name in folded))
+                           constants.get(node_def.name, ()), node_def.name in folded))
     return Graph(
         nodes,
         outputs=[TensorRef.parse(name) for name in output_names],
@@ -157,7 +158,7 @@ def _input_name(ref: TensorRef) -> str:
 
 
 def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[TensorInfo, ...], resource_bytes: int,
-          constant_bytes: int, folded: bool) -> Node:
+          constant_sizes: tuple[int, ...], folded: bool) -> Node:
     inputs, control_inputs = [], []
     for name in node_def.input:
         if name.startswith("^"):
@@ -181,7 +182,7 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[Tenso
         attrs=dict(node_def.attr),
         extras=extras,
         resource_bytes=resource_bytes,
-        constant_bytes=constant_bytes,
+        constant_sizes=constant_sizes,
         folded=folded,
     )
 

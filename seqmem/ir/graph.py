@@ -75,9 +75,9 @@ class Node:
 
     resource_bytes: bytes of device memory owned by the resource this node stands
     for (a variable's buffer behind a handle); 0 for ordinary ops.
-    constant_bytes: bytes of device memory the function this node calls holds in
-    constants once instantiated, across steps (`seqmem.edge.folded_constants`);
-    0 for other ops.
+    constant_sizes: bytes of each constant the functions this node calls or loops
+    over hold in device memory once instantiated, across steps
+    (`seqmem.edge.folded_constants`); empty for other ops.
     folded: TensorFlow replaces this node with a constant it keeps, so its outputs
     stay on the device across steps (`seqmem.edge.folded_constants`).
     attrs, extras: opaque values (TensorFlow protos) seqmem carries but does not read,
@@ -93,7 +93,7 @@ class Node:
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
     extras: Mapping[str, Any] = field(default_factory=dict, compare=False)
     resource_bytes: int = 0
-    constant_bytes: int = 0
+    constant_sizes: tuple[int, ...] = ()
     folded: bool = False
 
     @property
@@ -101,6 +101,11 @@ class Node:
         """Whether this node's outputs stay on the device across steps: parameters, constants, inputs and
         folded nodes."""
         return self.folded or is_persistent_op(self.op)
+
+    @property
+    def constant_bytes(self) -> int:
+        """Bytes of the constants the functions this node calls or loops over hold (`constant_sizes`)."""
+        return sum(self.constant_sizes)
 
 
 class Graph:

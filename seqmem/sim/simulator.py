@@ -30,11 +30,12 @@ Model (that of TensorFlow's executor with a BFC allocator):
   one).
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
-  constants a called function holds (`Node.constant_bytes`) are persistent:
-  counted once, for the whole step. What exists before the step runs is placed
-  first: the variables behind its resource handles, in graph order (the order
-  the step captured them, as the model created them), then the step's folded
-  constants, which TensorFlow allocates when it instantiates the step.
+  constants a called function or a loop's body holds (`Node.constant_sizes`)
+  are persistent: counted once, for the whole step. What exists before the
+  step runs is placed first: the variables behind its resource handles, in
+  graph order (the order the step captured them, as the model created them),
+  then the step's folded constants and those of its calls and loops, which
+  TensorFlow allocates when it instantiates the step.
   Where the bytes in use on a device before the step first ran were measured
   (`in_use_before_bytes`: its variables and inputs, and whatever else the process
   holds there), they replace the allocator model's chunks for the variables and
@@ -266,9 +267,11 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
       captures them in the order its forward pass first reads them, which is the order a Keras model
       creates them (its optimizer's slots last). Placed as the step first reads them instead, a pinned
       ResNet-50 step (batch 654) was predicted 230 MB of persistent memory where 254 MB were in use;
-    - the constants TensorFlow folds the step's own nodes into (`Node.folded`): their kernels allocate them
-      when TensorFlow instantiates the step. (A called function's constants, `Node.constant_bytes`, are
-      allocated when the call first runs.)"""
+    - the constants TensorFlow folds the step's own nodes into (`Node.folded`), then those its calls and
+      loops hold (`Node.constant_sizes`), each its own buffer: their kernels allocate them when TensorFlow
+      instantiates the step, calls inlined and loops lowered into it, its own nodes first (allocator traces
+      of the first call of the NMT step and of a Keras LSTM language model: every constant they hold
+      allocated before their first op ran, the calls' and loop bodies' last)."""
     def memory_of(node) -> _DeviceMemory:
         device = _short_device(node.device)
         if device not in memories:
@@ -284,6 +287,9 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
         for index, info in enumerate(node.outputs):
             if info.size_bytes:
                 memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes)
+    for name, node in graph.nodes.items():
+        for index, size in enumerate(node.constant_sizes):  # owners -2, -3, ...: -1 is the resource
+            memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
@@ -334,8 +340,6 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         memory = memories[device]
         if node.resource_bytes:
             memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
-        if node.constant_bytes:
-            memory.allocate_persistent(TensorRef(name, -2), node.constant_bytes)
 
         restoring = []  # (device memory, handle, bytes) freed once this step is counted
         for ref in swap_ins_before.get(step, ()):

@@ -29,6 +29,12 @@ def test_an_iterations_intermediates_count_and_the_loop_variables_do_not():
     assert 0 <= held - (4 * _MIB + (256 << 10)) < 1024  # and the counter's scalars
 
 
+def test_an_iterations_constants_are_the_loops_not_its_scratch():
+    # the body's fill (256 KiB) is held across steps, booked on the loop (`seqmem.edge.folded_constants`)
+    graph_def = _graph_def(lambda i, h: (i + 1, h * tf.fill([256, 256], 3.0)))
+    assert 0 <= max(body_bytes(graph_def).values()) - (256 << 10) < 1024  # the product, and the counter's scalars
+
+
 def test_a_loop_that_only_passes_its_variables_on_holds_nothing():
     graph_def = _graph_def(lambda i, h: (i + 1, h))
     assert max(body_bytes(graph_def).values()) < 1024  # the counter's scalars

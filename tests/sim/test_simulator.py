@@ -89,6 +89,19 @@ def test_the_bfc_model_places_variables_before_the_step_in_graph_order_whatever_
         assert bfc.persistent_bytes == 2 * mib + 3 * mib // 2 + 2 * 256, order
 
 
+def test_the_bfc_model_places_a_loops_constants_before_the_step_each_its_own_buffer():
+    # two 1.5 MiB constants a loop's body holds, allocated as TensorFlow instantiates the step, before the
+    # 0.5 MiB transient the step makes first: a 2 MiB region handed whole, then 1.5 MiB of a 4 MiB one (as one
+    # 3 MiB buffer they would take a 4 MiB region whole)
+    mib = 1 << 20
+    g = graph(
+        node("t", "Op", outputs=(mib // 2,)),
+        node("loop", "While", ["t"], outputs=(4,), constant_sizes=(3 * mib // 2, 3 * mib // 2)),
+    )
+    bfc = simulate(g, ["t", "loop"], allocator="bfc").devices[""]
+    assert bfc.persistent_bytes == 2 * mib + 3 * mib // 2
+
+
 def test_bytes_measured_in_use_before_the_step_replace_the_variables_and_inputs_chunks_not_the_constants():
     # a 1.5 MiB variable and a 1 KiB input, which exist before the step runs, and a 1 MiB folded constant,
     # which the step's first call allocates: 5 MiB measured in use before it stand for the first two alone
