@@ -122,7 +122,7 @@ def test_a_fill_of_a_variables_shape_is_computed_every_step():
 
 def test_a_loop_holds_the_constants_its_body_reads_and_not_those_nothing_reads():
     # measured on the emulated device: a loop multiplying by a 16 MiB constant holds it from its first call
-    # on; the NMT step's gradient loop body has 15.3 MB of zeros nothing reads, and none of them is held
+    # on; the NMT step's gradient loop body has 15.0 MB of zeros nothing reads, and none of them is held
     @tf.function(autograph=False)
     def step(x):
         def body(i, h):
