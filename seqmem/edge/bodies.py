@@ -6,9 +6,9 @@ while it runs. The body allocates more. An iteration of a loop holds its
 intermediates (an attention step's [batch, time, units] scores and their
 gradients, for instance). A called function holds its intermediates while it
 runs: a Keras LSTM's backward function, its transposed gradients and the zeroed
-lists it makes beside the lists it consumes. Per loop and per call, `body_bytes` simulates the body once
-with exact tensor sizes and returns its peak beyond what the node is charged
-anyway, charged to the node as scratch:
+lists it makes beside the lists it consumes. Per loop and per call,
+`body_bytes` simulates the body once with exact tensor sizes and returns its
+peak beyond what the node is charged anyway, charged to the node as scratch:
 
     loop: peak live bytes of one iteration's own tensors
     call: peak live bytes of the body's own tensors - bytes of what it returns

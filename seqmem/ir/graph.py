@@ -102,11 +102,6 @@ class Node:
         folded nodes."""
         return self.folded or is_persistent_op(self.op)
 
-    @property
-    def constant_bytes(self) -> int:
-        """Bytes of the constants the functions this node calls or loops over hold (`constant_sizes`)."""
-        return sum(self.constant_sizes)
-
 
 class Graph:
     """An immutable dataflow graph.

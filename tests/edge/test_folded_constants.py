@@ -78,7 +78,7 @@ def test_capture_books_them_on_the_call_node():
 
     graph = from_tf(outer, [_SPEC])
     calls = [node for node in graph.nodes.values() if node.op in ("PartitionedCall", "StatefulPartitionedCall")]
-    assert len(calls) == 1 and calls[0].constant_bytes >= 4000
+    assert len(calls) == 1 and sum(calls[0].constant_sizes) >= 4000
 
 
 def test_zeros_added_and_ones_multiplied_are_simplified_away():
@@ -131,8 +131,8 @@ def test_a_loop_holds_the_constants_its_body_reads_and_not_those_nothing_reads()
 
         return tf.while_loop(lambda i, h: i < 3, body, (tf.constant(0), x))[1]
 
-    loops = [name for name, node in from_tf(step, [_SPEC]).nodes.items() if node.op in ("While", "StatelessWhile")]
+    graph = from_tf(step, [_SPEC])
     (loop, held), = _constant_bytes(step).items()
-    assert [loop] == loops
+    assert graph.node(loop).op in ("While", "StatelessWhile")
     assert 4000 <= held < 4000 + 64  # the fill of threes, and the scalars of the counter and condition
-    assert from_tf(step, [_SPEC]).node(loop).constant_bytes == held
+    assert sum(graph.node(loop).constant_sizes) == held
