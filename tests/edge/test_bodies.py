@@ -2,7 +2,8 @@
 
 import tensorflow as tf
 
-from seqmem.edge.bodies import body_bytes
+from seqmem.edge import capture
+from seqmem.edge.bodies import body_bytes, handed_over
 
 _MIB = 1 << 20
 
@@ -119,3 +120,39 @@ def test_a_gradient_iteration_is_sized_from_the_elements_it_pops():
     # d(tanh(h) * h) from the popped h and tanh(h): two [256, 1024] float32 products (1 MiB each) live at once;
     # sized 0 while the popped elements' shapes are unknown in the body
     assert len(gradient) == 1 and 0 <= gradient[0] - 2 * _MIB < 1024
+
+
+def _handing(inner, reads_twice=False):
+    """body_bytes of a step calling `inner` on sin(h), h a [512, 512] float32 (1 MiB), with `handed_over`;
+    with `reads_twice`, the step reads sin(h) again after the call."""
+
+    @tf.function(autograph=False)
+    def step(h):
+        a = tf.sin(h)
+        out = inner(a)
+        return out + tf.reduce_sum(a) if reads_twice else out
+
+    graph = capture.from_tf(step.get_concrete_function(tf.TensorSpec([512, 512])))
+    handed = handed_over(graph)
+    (call, held), = body_bytes(capture.to_graph_def(graph), handed).items()
+    return handed.get(call, {}), held
+
+
+@tf.function(autograph=False)
+def _transposed_then_tiled(a):
+    t = tf.transpose(a)  # 1 MiB beside the argument
+    return tf.reduce_sum(tf.tile(t, [1, 2]))  # 2 MiB beside t, once the argument is freed
+
+
+def test_an_argument_only_its_call_reads_is_freed_inside_the_call():
+    handed, held = _handing(_transposed_then_tiled)
+    assert handed == {0: _MIB}
+    # peak: t and the tiled copy (3 MiB), the argument freed by then; less the argument, counted as the
+    # call's input: held for the whole call, it was charged 3 MiB
+    assert abs(held - 2 * _MIB) < 1024  # (less the 4 bytes returned)
+
+
+def test_an_argument_read_after_the_call_is_held_throughout_it():
+    handed, held = _handing(_transposed_then_tiled, reads_twice=True)
+    assert handed == {}
+    assert abs(held - 3 * _MIB) < 1024
