@@ -21,10 +21,12 @@ its sum as it comes. A call's nodes run interleaved with the caller's after
 inlining, in no order one body shows: its body runs in topological order.
 
 A gradient loop's body is sized with the element shapes of the lists it pops
-(`seqmem.edge.loop_swap.with_popped_shapes`): TensorFlow's shape inference
-leaves them unknown in the body, and with them the size of what the body
-computes from them (the NMT step's gradient iteration at batch 223: 11.2 MB
-sized without them, 32.9 MB with).
+(`seqmem.edge.loop_swap.with_popped_shapes`), its masks' included: TensorFlow's
+shape inference leaves them unknown in the body, and with them the size of what
+the body computes from them (the NMT step's gradient iteration at batch 223:
+11.2 MB sized without them, 32.9 MB with; with efficient attention, the
+[batch, time, units] gradient that the masked scores' gradient leads to was
+unsized until the popped masks were shaped too).
 
 Leaving out the body's arguments (the node's inputs), its constants (held across
 steps, charged to the node: `seqmem.edge.folded_constants`) and, for a loop,

@@ -24,7 +24,8 @@ from it, through no other reader on the way. Every function on that way must be
 called from one place only, so that editing it changes nothing else.
 
 `with_popped_shapes` states, in a copy, the element shape of what each gradient
-body pops, which TensorFlow's shape inference does not carry into the body:
+body pops (of any type: a mask's booleans too), which TensorFlow's shape
+inference does not carry into the body:
 otherwise everything the gradient body computes from a popped element has an
 unknown shape, and no size.
 """
@@ -117,7 +118,7 @@ def with_popped_shapes(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     accumulators included. For sizing the gradient bodies (`seqmem.edge.bodies`); the copy is not run."""
     shaped = graph_pb2.GraphDef()
     shaped.CopyFrom(graph_def)
-    for candidate in _accumulators(shaped, computed_only=False):
+    for candidate in _accumulators(shaped, computed_only=False, floats_only=False):
         shape = candidate.swap.element_shape
         if shape is None or None in shape:
             continue
@@ -163,9 +164,11 @@ def _copy_suffix(swaps: Sequence[LoopSwap]) -> str:
     return f"_seqmem_swapped_{digest}"
 
 
-def _accumulators(graph_def: graph_pb2.GraphDef, computed_only: bool = True) -> list[_Accumulator]:
+def _accumulators(graph_def: graph_pb2.GraphDef, computed_only: bool = True,
+                  floats_only: bool = True) -> list[_Accumulator]:
     """Every candidate, with the nodes of `graph_def` that make, fill and empty it; with `computed_only`
-    False, also the accumulators of variable reads."""
+    False, also the accumulators of variable reads; with `floats_only` False, also those of other element
+    types (a mask's booleans)."""
     functions = {f.signature.name: f for f in graph_def.library.function}
     calls = Counter(name for n in [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
                     for name in library.called_functions(n) if name in functions)
@@ -177,7 +180,7 @@ def _accumulators(graph_def: graph_pb2.GraphDef, computed_only: bool = True) -> 
             continue
         types = node.attr["T" if node.op in FUNCTIONAL_LOOP_OPS else "Tout"].list.type
         for index in (i for i, t in enumerate(types) if t == tf.variant.as_datatype_enum):
-            filled = _filled(graph, node, index, functions, once, computed_only)
+            filled = _filled(graph, node, index, functions, once, computed_only, floats_only)
             readers = graph.readers(graph.output(node, index))
             emptied = _emptied(graph, readers, functions, once)
             if filled is None or emptied is None:
@@ -195,16 +198,16 @@ def _accumulators(graph_def: graph_pb2.GraphDef, computed_only: bool = True) -> 
 
 
 def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: dict[str, function_pb2.FunctionDef],
-            once: set[str], computed_only: bool, prefix: str = ""):
+            once: set[str], computed_only: bool, floats_only: bool, prefix: str = ""):
     """(scope, EmptyTensorList, loop body, loop index, accumulator's name) of the list `node` outputs at
-    `index`: a loop filling a float list it starts empty, or a call (called once) returning such a list once
-    and nothing else reading it; None otherwise. A list made inside called functions is named by the calls'
+    `index`: a loop filling a list (of floats, with `floats_only`) it starts empty, or a call (called once)
+    returning such a list once and nothing else reading it; None otherwise. A list made inside called functions is named by the calls'
     path, e.g. "sequential/lstm/PartitionedCall/while/Tanh_0/accumulator"."""
     if node.op in FUNCTIONAL_LOOP_OPS:
         body = functions.get(node.attr["body"].func.name)
         source, output = scope.producer(node.input[index])
         if (body is None or body.signature.name not in once or source is None or source.op != "EmptyTensorList"
-                or output != 0 or source.attr["element_dtype"].type not in _FLOAT_TYPES
+                or output != 0 or (floats_only and source.attr["element_dtype"].type not in _FLOAT_TYPES)
                 or _push(body, index) is None or (computed_only and not _pushes_a_computed_value(body, index))):
             return None
         return scope, source, body, index, prefix + source.name
@@ -216,7 +219,7 @@ def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: di
     producer, output = inner.producer(returned)
     if producer is None or len(inner.readers(returned)) != 1:
         return None
-    return _filled(inner, producer, output, functions, once, computed_only, f"{prefix}{node.name}/")
+    return _filled(inner, producer, output, functions, once, computed_only, floats_only, f"{prefix}{node.name}/")
 
 
 def _emptied(scope: _Scope, readers: list, functions: dict[str, function_pb2.FunctionDef], once: set[str]):

@@ -156,3 +156,20 @@ def test_an_argument_read_after_the_call_is_held_throughout_it():
     handed, held = _handing(_transposed_then_tiled, reads_twice=True)
     assert handed == {}
     assert abs(held - 3 * _MIB) < 1024
+
+
+def test_a_gradient_iteration_is_sized_from_the_masks_it_pops_too():
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.where(h > 0, tf.tanh(h), h)),
+                              (tf.constant(0), x))[1]
+            loss = tf.reduce_sum(h)
+        return tape.gradient(loss, x)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 1024])).graph.as_graph_def()
+    gradient = [held for name, held in body_bytes(graph_def).items() if "grad" in name]
+    # two [256, 1024] float32 gradients (1 MiB each) computed from the popped boolean mask live at once; with
+    # the mask's shape unknown in the body, the select's gradient and what follows from it were sized 0
+    assert len(gradient) == 1 and 0 <= gradient[0] - 2 * _MIB < 1024
