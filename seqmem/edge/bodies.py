@@ -44,10 +44,11 @@ charged its peak less the argument's bytes, which the simulator counts as the
 call's input (at least 0: where the body frees more than it then allocates, the
 simulator still holds the argument). A Keras LSTM's backward call frees the
 incoming [batch, time, units] gradient once it has transposed it, before its
-gradient loop: the two-layer language model of `tests/test_loops.py`, planned
-for 20 MB, was predicted 15.5 MB and measured 13.7-13.8 MB with the argument
-held for the whole call, and is predicted 15.2 MB and measured 14.9-15.1 MB
-with it freed (its plan swapping 12 lists instead of 13).
+gradient loop: the two-layer language model of
+`tests/runtime/test_optimize_loops.py`, planned for 20 MB, was predicted 15.5 MB
+and measured 13.7-13.8 MB with the argument held for the whole call, and is
+predicted 15.2 MB and measured 14.9-15.1 MB with it freed (its plan swapping 12
+lists instead of 13).
 """
 
 from __future__ import annotations

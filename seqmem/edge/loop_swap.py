@@ -25,9 +25,8 @@ called from one place only, so that editing it changes nothing else.
 
 `with_popped_shapes` states, in a copy, the element shape of what each gradient
 body pops (of any type: a mask's booleans too), which TensorFlow's shape
-inference does not carry into the body:
-otherwise everything the gradient body computes from a popped element has an
-unknown shape, and no size.
+inference does not carry into the body: otherwise everything the gradient body
+computes from a popped element has an unknown shape, and no size.
 """
 
 from __future__ import annotations
@@ -115,7 +114,8 @@ def loop_accumulators(graph_def: graph_pb2.GraphDef) -> list[LoopSwap]:
 def with_popped_shapes(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     """A copy of `graph_def` in which each gradient loop's PopBack of an accumulator with a fully known
     element shape states that shape (`_output_shapes`, which importing the body applies), variable reads'
-    accumulators included. For sizing the gradient bodies (`seqmem.edge.bodies`); the copy is not run."""
+    accumulators and those of any element type included. For sizing the gradient bodies
+    (`seqmem.edge.bodies`); the copy is not run."""
     shaped = graph_pb2.GraphDef()
     shaped.CopyFrom(graph_def)
     for candidate in _accumulators(shaped, computed_only=False, floats_only=False):
@@ -201,8 +201,8 @@ def _filled(scope: _Scope, node: node_def_pb2.NodeDef, index: int, functions: di
             once: set[str], computed_only: bool, floats_only: bool, prefix: str = ""):
     """(scope, EmptyTensorList, loop body, loop index, accumulator's name) of the list `node` outputs at
     `index`: a loop filling a list (of floats, with `floats_only`) it starts empty, or a call (called once)
-    returning such a list once and nothing else reading it; None otherwise. A list made inside called functions is named by the calls'
-    path, e.g. "sequential/lstm/PartitionedCall/while/Tanh_0/accumulator"."""
+    returning such a list once and nothing else reading it; None otherwise. A list made inside called
+    functions is named by the calls' path, e.g. "sequential/lstm/PartitionedCall/while/Tanh_0/accumulator"."""
     if node.op in FUNCTIONAL_LOOP_OPS:
         body = functions.get(node.attr["body"].func.name)
         source, output = scope.producer(node.input[index])
