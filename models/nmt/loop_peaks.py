@@ -21,6 +21,7 @@ seqmem's predicted peak (with every list swapped for the third setting, as
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from typing import Any
 
@@ -36,14 +37,11 @@ _DEVICE_MB = 2048
 def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, Any]:
     """Child process: measured peaks (bytes) and median seconds of `steps` steps with `loops` (one of
     LOOP_SETTINGS), and the predicted peak of the step as traced; `batch` of the NMT steps."""
-    import tensorflow as tf
-
     from seqmem.analysis import as_planned
     from seqmem.budget import loop_swapped, simulate_baseline
-    from seqmem.edge.loop_swap import loop_accumulators, swap_loop_accumulators
     from seqmem.runtime.measure import timed_steps
     from seqmem.runtime.optimize import optimize
-    from seqmem.runtime.optimized_step import graph_def_runner
+    from seqmem.runtime.optimized_step import build_step
 
     if step_name == "lstm":
         from seqmem.examples.steps import build_example
@@ -58,9 +56,8 @@ def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, A
                          loop_parallel_iterations=None if loops == "as traced" else 1)
     run, predicted = optimized, optimized.plan.predicted_peak_before_bytes
     if loops == "bounded, lists swapped":
-        graph_def = optimized.graph_def
-        run = graph_def_runner(optimized.function, swap_loop_accumulators(graph_def, loop_accumulators(graph_def)))
-        inputs = tf.nest.flatten(inputs)
+        every_list = dataclasses.replace(optimized.plan, loop_swaps=optimized.analysis.loop_swaps)
+        run = build_step(optimized.analysis, every_list, optimized.backend, optimized.function, step)
         planned = as_planned(optimized.analysis, optimized.plan)  # as it runs: barriers split, pinned
         swapped = loop_swapped(planned, planned.loop_swaps, depth=1)
         predicted = simulate_baseline(swapped).trace.peak_bytes

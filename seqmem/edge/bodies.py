@@ -68,7 +68,7 @@ from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRI
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.simulator import simulate
 
-__all__ = ["body_bytes", "handed_over"]
+__all__ = ["body_bytes", "handed_over", "iteration_order"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -143,12 +143,25 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
     return charged(graph_def.node, top=True)
 
 
+def iteration_order(body: Graph) -> tuple[str, ...]:
+    """The order one iteration of a loop `body` runs in on one stream, as the simulator charges it: the
+    executor's (`sim.schedule.executor_order`, static costs, list elements counted as 0 bytes). The order
+    `seqmem.edge.pinned_bodies` pins a body to."""
+    return _iteration(body)[1]
+
+
+def _iteration(body: Graph) -> tuple[Graph, tuple[str, ...]]:
+    """`body` with its list elements counted as 0 bytes, and `iteration_order` of it."""
+    listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
+    listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
+    body = _without(body, listed)
+    return body, executor_order(body, static_costs(body))
+
+
 def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
     """Peak live bytes of a loop body's own tensors, list elements aside (`nested` bytes charged to its
     loops and calls)."""
-    listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
-    listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
-    return _peak_without(body, listed, nested, executor=True)
+    return _peak(*_iteration(body), nested)
 
 
 def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef], handed: dict[str, int]) -> int:
@@ -168,17 +181,17 @@ def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef], 
             dataclasses.replace(node, op=_HANDED_OVER_ARGUMENT, outputs=(
                 dataclasses.replace(node.outputs[0], size_bytes=handed[name]),)) if name in handed else node
             for name, node in body.nodes.items()])
-    return max(0, _peak_without(body, set(), nested) - sum(handed.values()) - returned_bytes)
+    return max(0, _peak(body, body.topological_order(), nested) - sum(handed.values()) - returned_bytes)
 
 
-def _peak_without(body: Graph, left_out: set[TensorRef], nested: dict[str, int], executor: bool = False) -> int:
-    """Peak live bytes of `body`'s own tensors (arguments and constants are persistent), `left_out` counted
-    as 0 bytes, run in topological order or, with `executor`, in the executor's (static costs)."""
-    nodes = [dataclasses.replace(node, outputs=tuple(
-                 dataclasses.replace(info, size_bytes=0) if TensorRef(name, i) in left_out else info
-                 for i, info in enumerate(node.outputs)))
-             for name, node in body.nodes.items()]
-    body = body.replace(nodes=nodes)
-    order = executor_order(body, static_costs(body)) if executor else body.topological_order()
+def _without(body: Graph, left_out: set[TensorRef]) -> Graph:
+    """`body` with the tensors `left_out` counted as 0 bytes."""
+    return body.replace(nodes=[dataclasses.replace(node, outputs=tuple(
+        dataclasses.replace(info, size_bytes=0) if TensorRef(name, i) in left_out else info
+        for i, info in enumerate(node.outputs))) for name, node in body.nodes.items()])
+
+
+def _peak(body: Graph, order: tuple[str, ...], nested: dict[str, int]) -> int:
+    """Peak live bytes of `body`'s own tensors (arguments and constants are persistent) run in `order`."""
     timeline = simulate(body, order, scratch_bytes=nested).busiest()
     return timeline.peak_bytes - timeline.persistent_bytes

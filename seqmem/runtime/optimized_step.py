@@ -24,6 +24,8 @@ from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import nodes_running, variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
+from seqmem.edge.pinned_bodies import pin_loop_bodies
+from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import SwapPlan
@@ -164,12 +166,17 @@ def _failed_nodes(message: str) -> list[str]:
 def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
                function: Optional[capture.ConcreteFunction] = None, original: Any = None) -> OptimizedStep:
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
-    tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise."""
+    tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise. Its
+    wide splits allocate their outputs in order (`edge.unpacked_splits`); with loops bounded to one
+    iteration at a time, its loop bodies are pinned (`edge.pinned_bodies`)."""
     graph_def = capture.to_graph_def(assign_in_place(rewrite(analysis.graph, plan, backend)))
     if plan.loop_swaps:
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
     if plan.loop_parallel_iterations is not None:
         graph_def = gate_loops(bound_loops(graph_def, plan.loop_parallel_iterations))
+    graph_def = unpack_splits(graph_def)
+    if plan.loop_parallel_iterations == 1:
+        graph_def = pin_loop_bodies(graph_def)
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 

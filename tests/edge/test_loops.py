@@ -1,37 +1,11 @@
 """seqmem.edge.loops: every while loop bounded, in the graph and in called functions, results unchanged."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 from seqmem.edge.loops import bound_loops, loops_above
-from seqmem.runtime.optimized_step import graph_def_runner
 from seqmem.swap.plan import SwapPlan
-
-
-def _rnn_step():
-    """A training step with a top-level tf.while_loop and a Keras LSTM (its loop inside called functions),
-    both differentiated: forward and gradient loops. Returns (concrete function, trained variables, inputs,
-    the objects that own its variables: a function holds its variables weakly)."""
-    tf.keras.utils.set_random_seed(0)
-    lstm = tf.keras.layers.LSTM(8, return_sequences=True)
-    weight = tf.Variable(tf.random.normal([8, 8]) * 0.3)
-    optimizer = tf.keras.optimizers.SGD(0.1)
-
-    @tf.function(autograph=False)
-    def step(sequence):
-        with tf.GradientTape() as tape:
-            outputs = lstm(sequence)
-            final = tf.while_loop(lambda i, h: i < 6, lambda i, h: (i + 1, tf.tanh(h @ weight + outputs[:, i])),
-                                  (tf.constant(0), tf.zeros([4, 8])), parallel_iterations=10)[1]
-            loss = tf.reduce_sum(final ** 2)
-        variables = lstm.trainable_variables + [weight]
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    inputs = tf.random.normal([4, 6, 3])
-    function = step.get_concrete_function(tf.TensorSpec([4, 6, 3]))
-    return function, lstm.trainable_variables + [weight], inputs, (lstm, optimizer)
+from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
 def _loop_bounds(graph_def):
@@ -40,7 +14,7 @@ def _loop_bounds(graph_def):
 
 
 def test_every_loop_is_bounded_and_the_step_computes_the_same(op_determinism):
-    function, variables, inputs, _owners = _rnn_step()
+    function, variables, inputs, _owners = rnn_step()
     graph_def = function.graph.as_graph_def()
     assert len(loops_above(graph_def, 1)) >= 4  # the while_loop, the LSTM's, and a gradient loop of each
     bounded = bound_loops(graph_def, 1)
@@ -52,16 +26,7 @@ def test_every_loop_is_bounded_and_the_step_computes_the_same(op_determinism):
         f.signature.name for f in bounded.library.function}
     assert len(bounded.library.function) == len(originals)
 
-    start = [v.numpy() for v in variables]
-    results = []
-    for run in (function, graph_def_runner(function, bounded)):
-        for variable, value in zip(variables, start):
-            variable.assign(value)
-        losses = [float(tf.nest.flatten(run(inputs))[0]) for _ in range(3)]
-        results.append((losses, [v.numpy() for v in variables]))
-    (losses, weights), (bounded_losses, bounded_weights) = results
-    assert losses == bounded_losses
-    assert all(np.array_equal(a, b) for a, b in zip(weights, bounded_weights))
+    assert_trains_the_same(function, variables, inputs, bounded)
 
 
 def test_a_graph_without_loops_is_returned_as_it_was():
@@ -71,7 +36,7 @@ def test_a_graph_without_loops_is_returned_as_it_was():
 
 
 def test_loops_bounded_lower_keep_their_bound():
-    function, _variables, _, _owners = _rnn_step()
+    function, _variables, _, _owners = rnn_step()
     graph_def = function.graph.as_graph_def()
     bounded = bound_loops(bound_loops(graph_def, 2), 4)
     assert set(_loop_bounds(bounded)) == {2} and loops_above(bounded, 2) == []
@@ -87,7 +52,7 @@ def test_a_bound_that_is_not_a_positive_int_is_refused(bound):
 def test_optimize_bounds_the_loops_of_a_step_that_fits_and_says_so():
     from seqmem.runtime.optimize import optimize
 
-    function, _variables, _, _owners = _rnn_step()
+    function, _variables, _, _owners = rnn_step()
     step = optimize(function, 1e5, calibrate=False)
     assert not step.plan.decisions and step.plan.loop_parallel_iterations == 1
     assert set(_loop_bounds(step.graph_def)) == {1}

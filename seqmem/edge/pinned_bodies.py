@@ -1,0 +1,76 @@
+"""Pin the order of every while loop's body: each of its nodes waits for the one before it.
+
+A pinned step chains its own nodes (`seqmem.swap.pin`), not those of its loop
+bodies. There TensorFlow's executor runs a ready op inline or hands it to its
+pool by a running average of the op's measured cycles (`KernelStats` in its
+executor: expensive above 8000 cycles; the average of an op it runs inline is
+still updated on about one run in 16), so ops that cost about that much switch
+between the two from call to call. With them changes the order of an
+iteration's independent ops, which of them frees a buffer first, and which free
+chunks the requests after get: in the NMT step at batch 223 with every loop
+list swapped, the order of the encoder's gradient body differed between calls
+even after six warm-up calls.
+
+Pinned, every node of each loop body (inline ones too: a reader that runs
+earlier frees its input earlier) waits by a control edge for the node before it
+in `seqmem.edge.bodies.iteration_order`, the order the simulator charges an
+iteration for, so an iteration runs in that one order. The loop must run one
+iteration at a time (`optimize`'s loop bound of 1): the chain orders an
+iteration's nodes, not iterations. Left free: loop conditions (a few scalar
+ops), and the bodies of functions a body calls (branches, calls), which run as
+the executor picks.
+
+A function holding a pinned body, or calling one that does, is replaced by a
+copy named `<name>_seqmem_pinned` that every reference follows: a function
+already registered under its own name cannot change.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import function_pb2, graph_pb2
+
+from seqmem.edge import capture, library
+from seqmem.edge.bodies import iteration_order
+from seqmem.edge.loop_swap import with_popped_shapes
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+
+__all__ = ["pin_loop_bodies"]
+
+_SUFFIX = "_seqmem_pinned"
+
+
+def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """A copy of `graph_def` in which the body of each while loop, in the graph or in a library function,
+    runs its nodes in `iteration_order`, each waiting by a control edge for the one before it; functions
+    renamed as the module docstring says. Returns `graph_def` itself when it has no loop."""
+    nodes = [*graph_def.node, *(node for f in graph_def.library.function for node in f.node_def)]
+    loop_bodies = {node.attr["body"].func.name for node in nodes if node.op in FUNCTIONAL_LOOP_OPS}
+    if not loop_bodies:
+        return graph_def
+    pinned = graph_pb2.GraphDef()
+    pinned.CopyFrom(graph_def)
+    bodies = library.FunctionBodies(with_popped_shapes(graph_def).library)
+    edited = []
+    for function in pinned.library.function:
+        if function.signature.name in loop_bodies and function.signature.name in bodies:
+            order = iteration_order(capture.from_tf(bodies.get(function.signature.name)))
+            if _chain(function, order):
+                edited.append(function.signature.name)
+    renamed = library.copies_for(pinned.library, edited, _SUFFIX)
+    library.rename_functions(pinned.library, renamed)
+    library.follow_copies(pinned.node, renamed)
+    return pinned
+
+
+def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
+    """Make each of `function`'s nodes wait for the one before it in `order` (in place), where no edge
+    already orders the two; return whether any edge was added."""
+    by_name = {node.name: node for node in function.node_def}
+    chain = [name for name in order if name in by_name]
+    added = False
+    for before, after in zip(chain, chain[1:]):
+        node = by_name[after]
+        if before not in {name.lstrip("^").split(":")[0] for name in node.input}:
+            node.input.append(f"^{before}")
+            added = True
+    return added

@@ -1,0 +1,40 @@
+"""seqmem.edge.pinned_bodies: every loop body chained in the order the simulator charges an iteration for;
+results unchanged."""
+
+import tensorflow as tf
+
+from seqmem.edge import capture
+from seqmem.edge.bodies import iteration_order
+from seqmem.edge.library import FunctionBodies
+from seqmem.edge.loops import bound_loops
+from seqmem.edge.pinned_bodies import pin_loop_bodies
+from tests.edge.rnn_step import assert_trains_the_same, rnn_step
+
+
+def _loop_bodies(graph_def):
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return {n.attr["body"].func.name for n in nodes if n.op in ("While", "StatelessWhile")}
+
+
+def test_each_loop_body_runs_one_chain_and_the_step_trains_the_same(op_determinism):
+    function, variables, inputs, _owners = rnn_step()
+    graph_def = bound_loops(function.graph.as_graph_def(), 1)
+    pinned = pin_loop_bodies(graph_def)
+    bodies = _loop_bodies(pinned)
+    assert len(bodies) >= 4 and all(name.endswith("_seqmem_pinned") for name in bodies)
+    functions = {f.signature.name: f for f in pinned.library.function}
+    graphs = FunctionBodies(pinned.library)
+    for name in bodies:
+        order = iteration_order(capture.from_tf(graphs.get(name)))
+        nodes = {n.name: n for n in functions[name].node_def}
+        chain = [node for node in order if node in nodes]
+        assert len(chain) == len(nodes)
+        for before, after in zip(chain, chain[1:]):  # each waits for the one before it, by some direct edge
+            assert before in {i.lstrip("^").split(":")[0] for i in nodes[after].input}
+    assert not _loop_bodies(graph_def) & bodies  # the input is left as it was
+    assert_trains_the_same(function, variables, inputs, pinned)
+
+
+def test_a_graph_without_loops_is_returned_as_it_was():
+    graph_def = tf.function(lambda x: tf.nn.relu(x)).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
+    assert pin_loop_bodies(graph_def) is graph_def
