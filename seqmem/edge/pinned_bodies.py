@@ -14,11 +14,12 @@ even after six warm-up calls.
 Pinned, every node of each loop body (inline ones too: a reader that runs
 earlier frees its input earlier) waits by a control edge for the node before it
 in `seqmem.edge.bodies.iteration_order`, the order the simulator charges an
-iteration for, so an iteration runs in that one order. The loop must run one
+iteration for, so an iteration runs in that one order. So do the nodes of the
+loop's condition and of every function the body or the condition calls (a
+conditional's branches, calls; each chained on its own: the executor still
+picks where a branch's nodes fall among the body's). The loop must run one
 iteration at a time (`optimize`'s loop bound of 1): the chain orders an
-iteration's nodes, not iterations. Left free: loop conditions (a few scalar
-ops), and the bodies of functions a body calls (branches, calls), which run as
-the executor picks.
+iteration's nodes, not iterations.
 
 A function holding a pinned body, or calling one that does, is replaced by a
 copy named `<name>_seqmem_pinned` that every reference follows: a function
@@ -40,19 +41,19 @@ _SUFFIX = "_seqmem_pinned"
 
 
 def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-    """A copy of `graph_def` in which the body of each while loop, in the graph or in a library function,
-    runs its nodes in `iteration_order`, each waiting by a control edge for the one before it; functions
-    renamed as the module docstring says. Returns `graph_def` itself when it has no loop."""
-    nodes = [*graph_def.node, *(node for f in graph_def.library.function for node in f.node_def)]
-    loop_bodies = {node.attr["body"].func.name for node in nodes if node.op in FUNCTIONAL_LOOP_OPS}
-    if not loop_bodies:
+    """A copy of `graph_def` in which each function a while loop runs (its body and condition, in the graph
+    or in a library function, and what they call) runs its nodes in `iteration_order`, each waiting by a
+    control edge for the one before it; functions renamed as the module docstring says. Returns `graph_def`
+    itself when it has no loop."""
+    in_loops = _run_in_loops(graph_def)
+    if not in_loops:
         return graph_def
     pinned = graph_pb2.GraphDef()
     pinned.CopyFrom(graph_def)
     bodies = library.FunctionBodies(with_popped_shapes(graph_def).library)
     edited = []
     for function in pinned.library.function:
-        if function.signature.name in loop_bodies and function.signature.name in bodies:
+        if function.signature.name in in_loops:
             order = iteration_order(capture.from_tf(bodies.get(function.signature.name)))
             if _chain(function, order):
                 edited.append(function.signature.name)
@@ -60,6 +61,22 @@ def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     library.rename_functions(pinned.library, renamed)
     library.follow_copies(pinned.node, renamed)
     return pinned
+
+
+def _run_in_loops(graph_def: graph_pb2.GraphDef) -> set[str]:
+    """The library functions a while loop runs each iteration: its body and condition, and every function
+    they call (a conditional's branches, a call), transitively."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    nodes = [*graph_def.node, *(node for f in graph_def.library.function for node in f.node_def)]
+    found = {node.attr[key].func.name for node in nodes if node.op in FUNCTIONAL_LOOP_OPS
+             for key in ("body", "cond")} & set(functions)
+    waiting = list(found)
+    while waiting:
+        for node in functions[waiting.pop()].node_def:
+            for name in library.called_functions(node) & set(functions) - found:
+                found.add(name)
+                waiting.append(name)
+    return found
 
 
 def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:

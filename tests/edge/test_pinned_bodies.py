@@ -1,5 +1,5 @@
-"""seqmem.edge.pinned_bodies: every loop body chained in the order the simulator charges an iteration for;
-results unchanged."""
+"""seqmem.edge.pinned_bodies: every loop body and condition chained in the order the simulator charges an
+iteration for; results unchanged."""
 
 import tensorflow as tf
 
@@ -11,17 +11,19 @@ from seqmem.edge.pinned_bodies import pin_loop_bodies
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
-def _loop_bodies(graph_def):
+def _loop_functions(graph_def):
+    """The bodies and conditions of the graph's while loops."""
     nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
-    return {n.attr["body"].func.name for n in nodes if n.op in ("While", "StatelessWhile")}
+    return {n.attr[key].func.name for n in nodes if n.op in ("While", "StatelessWhile") for key in ("body", "cond")}
 
 
-def test_each_loop_body_runs_one_chain_and_the_step_trains_the_same(op_determinism):
+def test_each_loop_body_and_condition_runs_one_chain_and_the_step_trains_the_same(op_determinism):
     function, variables, inputs, _owners = rnn_step()
     graph_def = bound_loops(function.graph.as_graph_def(), 1)
     pinned = pin_loop_bodies(graph_def)
-    bodies = _loop_bodies(pinned)
-    assert len(bodies) >= 4 and all(name.endswith("_seqmem_pinned") for name in bodies)
+    bodies = _loop_functions(pinned)
+    assert len(bodies) >= 8  # a condition ordered by its data edges alone keeps its name
+    assert sum(name.endswith("_seqmem_pinned") for name in bodies) >= 4
     functions = {f.signature.name: f for f in pinned.library.function}
     graphs = FunctionBodies(pinned.library)
     for name in bodies:
@@ -31,7 +33,7 @@ def test_each_loop_body_runs_one_chain_and_the_step_trains_the_same(op_determini
         assert len(chain) == len(nodes)
         for before, after in zip(chain, chain[1:]):  # each waits for the one before it, by some direct edge
             assert before in {i.lstrip("^").split(":")[0] for i in nodes[after].input}
-    assert not _loop_bodies(graph_def) & bodies  # the input is left as it was
+    assert not any(name.endswith("_seqmem_pinned") for name in _loop_functions(graph_def))  # input as it was
     assert_trains_the_same(function, variables, inputs, pinned)
 
 
