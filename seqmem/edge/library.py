@@ -24,8 +24,7 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 from seqmem.ir.op_tables import writes_variable
 
-__all__ = ["FunctionBodies", "called_functions", "copies_for", "follow_copies", "nodes_running", "rename_functions",
-           "variable_writers"]
+__all__ = ["FunctionBodies", "called_functions", "nodes_running", "use_copies", "variable_writers"]
 
 
 class FunctionBodies:
@@ -83,9 +82,13 @@ def nodes_running(graph_def: graph_pb2.GraphDef, node_name: str) -> frozenset[st
     return frozenset(node.name for node in graph_def.node if called_functions(node) & running)
 
 
-def copies_for(library: function_pb2.FunctionDefLibrary, edited: Iterable[str], suffix: str) -> dict[str, str]:
-    """{name: copy's name} for the `edited` functions and every function that calls one, transitively."""
-    return {name: f"{name}{suffix}" for name in sorted(_with_callers(library, edited))}
+def use_copies(graph_def: graph_pb2.GraphDef, edited: Iterable[str], suffix: str) -> None:
+    """Rename the `edited` functions of `graph_def`'s library, and every function that calls one,
+    transitively, to `<name><suffix>`, and point every reference in the graph and its library at the copies
+    (in place; module docstring)."""
+    renamed = {name: f"{name}{suffix}" for name in sorted(_with_callers(graph_def.library, edited))}
+    _rename_functions(graph_def.library, renamed)
+    _follow_copies(graph_def.node, renamed)
 
 
 def variable_writers(graph_def: graph_pb2.GraphDef) -> frozenset[str]:
@@ -97,7 +100,7 @@ def variable_writers(graph_def: graph_pb2.GraphDef) -> frozenset[str]:
                      if writes_variable(node.op) or called_functions(node) & writing)
 
 
-def follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]) -> None:
+def _follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]) -> None:
     """Point every reference in `nodes` to a renamed function at its copy (in place)."""
     for node in nodes:
         if node.op in renamed:
@@ -110,7 +113,7 @@ def follow_copies(nodes: Iterable[node_def_pb2.NodeDef], renamed: dict[str, str]
                     function.name = renamed[function.name]
 
 
-def rename_functions(library: function_pb2.FunctionDefLibrary, renamed: dict[str, str]) -> None:
+def _rename_functions(library: function_pb2.FunctionDefLibrary, renamed: dict[str, str]) -> None:
     """Rename the library's functions and gradient entries by `renamed`, drop the renamed ones' API
     attributes (module docstring), and follow the copies inside (in place)."""
     for function in library.function:
@@ -118,7 +121,7 @@ def rename_functions(library: function_pb2.FunctionDefLibrary, renamed: dict[str
             function.signature.name = renamed[function.signature.name]
             for name in _API_ATTRIBUTES:
                 function.attr.pop(name, None)
-        follow_copies(function.node_def, renamed)
+        _follow_copies(function.node_def, renamed)
     for gradient in library.gradient:
         gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
         gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)

@@ -150,9 +150,7 @@ def swap_loop_accumulators(graph_def: graph_pb2.GraphDef, swaps: Sequence[LoopSw
         _serialize_pushes(candidate.body, candidate.forward_index, dtype)
         _parse_pops(candidate.gradient_body, candidate.gradient_index, dtype, swap.element_shape)
         edited |= candidate.functions()
-    renamed = library.copies_for(swapped.library, edited, _copy_suffix(swaps))
-    library.rename_functions(swapped.library, renamed)
-    library.follow_copies(swapped.node, renamed)
+    library.use_copies(swapped, edited, _copy_suffix(swaps))
     return swapped
 
 

@@ -48,9 +48,7 @@ def bound_loops(graph_def: graph_pb2.GraphDef, parallel_iterations: int) -> grap
     bounded = graph_pb2.GraphDef()
     bounded.CopyFrom(graph_def)
     with_loops = [f.signature.name for f in bounded.library.function if _over(f.node_def, parallel_iterations)]
-    renamed = library.copies_for(bounded.library, with_loops, f"_seqmem_loops{parallel_iterations}")
-    library.rename_functions(bounded.library, renamed)
-    library.follow_copies(bounded.node, renamed)
+    library.use_copies(bounded, with_loops, f"_seqmem_loops{parallel_iterations}")
     for function in bounded.library.function:
         _bound(function.node_def, parallel_iterations)
     _bound(bounded.node, parallel_iterations)

@@ -57,9 +57,7 @@ def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
             order = iteration_order(capture.from_tf(bodies.get(function.signature.name)))
             if _chain(function, order):
                 edited.append(function.signature.name)
-    renamed = library.copies_for(pinned.library, edited, _SUFFIX)
-    library.rename_functions(pinned.library, renamed)
-    library.follow_copies(pinned.node, renamed)
+    library.use_copies(pinned, edited, _SUFFIX)
     return pinned
 
 

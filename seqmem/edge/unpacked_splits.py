@@ -70,9 +70,7 @@ def unpack_splits(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
                 edited.append(function.signature.name)
     if not added and not edited:
         return graph_def
-    renamed = library.copies_for(rewritten.library, edited, _SUFFIX)
-    library.rename_functions(rewritten.library, renamed)
-    library.follow_copies(rewritten.node, renamed)
+    library.use_copies(rewritten, edited, _SUFFIX)
     return rewritten
 
 
