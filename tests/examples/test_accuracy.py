@@ -4,8 +4,8 @@ Each example is measured as `optimize` runs it (pinned to its planned schedule, 
 iteration) and as it is. Pinned, each step runs in the predicted order, its inputs in the arena
 (`seqmem.runtime.device.on_device`), and in 4 processes each example's median was the same to 0.1 MB, within
 3.2% of the prediction (the lstm's; docs/results.md, "Inputs on the device"); its peak varied under 3% from
-step to step (at most the lstm's, 70.1-72.0 MB, and 70.07-70.09 MB in 7 processes with its function calls
-gated: "Function calls inlined into a pinned step"; held to 5%). As they are, the cnn and resnet are held
+step to step (at most the lstm's, 70.1-72.0 MB; 70.2 MB in every step with its loop bodies pinned: "Loop
+steps in one order"; held to 3%, the issue's bound for step-to-step spread). As they are, the cnn and resnet are held
 to 15% of the peak of some measured step. The mlp as it is is not held to a figure: the executor runs its
 optimizer's `momentum * slot` products at different points from step to step (one process: 45.0-55.0 MB),
 and the simulator's model of the executor's order runs them late (39.2 MB predicted). Nor is the lstm: its
@@ -29,6 +29,6 @@ def test_predicted_peak_within_5_percent_of_the_median_pinned_and_15_percent_of_
         if row.order == "pinned":
             assert abs(row.error) <= 0.05, f"{what}: {100 * row.error:+.1f}% vs the median"
             low, high = row.measured_range_bytes
-            assert high <= 1.05 * low, f"{what}: steps' peaks {low}-{high} bytes"
+            assert high <= 1.03 * low, f"{what}: steps' peaks {low}-{high} bytes"
         elif row.example in ("cnn", "resnet"):
             assert abs(row.error_to_range) <= 0.15, f"{what}: {100 * row.error_to_range:+.1f}% vs the range"
