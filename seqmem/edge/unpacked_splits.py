@@ -8,7 +8,8 @@ for the outputs' buffers in whatever order they happen to run, so the same step
 gets other free chunks from one call to the next, and every later request with
 them. An LSTM cell splits its gates four ways: in the NMT step at batch 223
 (gates [223, 1024]) an allocation trace shows the cells' `split` outputs
-allocated on the intra-op threads, and the step's peak moved by up to 11%
+allocated on the intra-op threads; with the executor's order inside loop
+bodies (`seqmem.edge.pinned_bodies`) they moved the step's peak by up to 11%
 between steps of one process.
 
 `Unpack` of the input reshaped to [..., num_split, size / num_split, ...]
