@@ -25,14 +25,13 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 from seqmem.edge import capture
 from seqmem.ir.graph import Graph, Node
-from seqmem.ir.op_tables import INPLACE_OPS, VIEW_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_OPS, INPLACE_OPS, VIEW_OPS
 from seqmem.runtime import device, stall_watch
 
 __all__ = ["measure_scratch_bytes"]
 
 _log = logging.getLogger(__name__)
 _MIN_TENSOR_BYTES = 256 << 10
-_SKIPPED_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "StatelessWhile", "While", "If", "StatelessIf"})
 _WARM_ARENA_BYTES = 256 << 20
 
 
@@ -79,7 +78,7 @@ def _measure_here(graph: Graph, names: list[str] | None) -> dict[str, int]:
 
 
 def _worth_probing(graph: Graph, node: Node) -> bool:
-    if node.op in VIEW_OPS or node.op in INPLACE_OPS or node.op in _SKIPPED_OPS or node.persistent:
+    if node.op in VIEW_OPS or node.op in INPLACE_OPS or node.op in FUNCTIONAL_OPS or node.persistent:
         return False
     if node.control_inputs and not node.outputs:
         return False

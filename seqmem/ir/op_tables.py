@@ -38,6 +38,13 @@ FUNCTIONAL_LOOP_OPS = frozenset(["StatelessWhile", "While"])
 # A call of a library function (its `f` attribute), e.g. the functions Keras' LSTM and GRU run their loops in.
 FUNCTION_CALL_OPS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
+# A tf.function's conditional: one node, its branches in the library.
+FUNCTIONAL_COND_OPS = frozenset(["Case", "If", "StatelessCase", "StatelessIf"])
+
+# Nodes TensorFlow replaces by their functions' nodes before it runs a step (inlined calls, lowered loops and
+# conditionals): each of their outputs can be ready before the node's function has run to its end.
+FUNCTIONAL_OPS = FUNCTION_CALL_OPS | FUNCTIONAL_LOOP_OPS | FUNCTIONAL_COND_OPS
+
 # Ops whose kernels tell TensorFlow's executor they are inexpensive
 # (OpKernel::IsExpensive() is false), so the executor runs them inline
 # whatever they cost: control flow, no-ops and resource-handle reads.

@@ -35,12 +35,20 @@ def test_a_pair_ordered_by_a_data_edge_gets_no_control_edge():
     assert pin(g, ["x", "a", "b"]).node("b").control_inputs == ()
 
 
-def test_a_function_call_waits_by_a_control_edge_even_for_a_node_it_reads():
-    # inlined, the call's body would wait for `a` only in the nodes that read that input
+def test_a_function_call_waits_by_a_control_edge_even_for_a_node_it_reads_and_so_does_its_reader():
+    # inlined, the call's body would wait for `a` only in the nodes that read that input, and `b` for the
+    # one body node that makes the call's output
     g = graph(node("x", "Placeholder"), node("a", "MatMul", ["x"]), node("call", "PartitionedCall", ["a", "x"]),
               node("b", "MatMul", ["call"]))
     pinned = pin(g, ["x", "a", "call", "b"])
-    assert pinned.node("call").control_inputs == ("a",) and pinned.node("b").control_inputs == ()
+    assert pinned.node("call").control_inputs == ("a",) and pinned.node("b").control_inputs == ("call",)
+
+
+@pytest.mark.parametrize("op", ["While", "StatelessIf"])
+def test_a_reader_of_a_loop_or_a_conditional_waits_for_it_by_a_control_edge(op):
+    # lowered, a loop hands out a resource its body passes through before its first iteration
+    g = graph(node("x", "Placeholder"), node("loop", op, ["x"]), node("b", "MatMul", ["loop"]))
+    assert pin(g, ["x", "loop", "b"]).node("b").control_inputs == ("loop",)
 
 
 def test_an_order_that_misses_nodes_is_refused():
