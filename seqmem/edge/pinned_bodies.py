@@ -1,4 +1,4 @@
-"""Pin the order of the functions a step runs: each node of a body waits for the one before it.
+"""Pin the order of every while loop's body: each of its nodes waits for the one before it.
 
 A pinned step chains its own nodes (`seqmem.swap.pin`), not those of its loop
 bodies. There TensorFlow's executor runs a ready op inline or hands it to its
@@ -21,19 +21,6 @@ picks where a branch's nodes fall among the body's). The loop must run one
 iteration at a time (`optimize`'s loop bound of 1): the chain orders an
 iteration's nodes, not iterations.
 
-Called functions (`pin_called_bodies`, for a step whose own nodes are pinned):
-TensorFlow inlines a call before it runs the step, and then orders its body's
-nodes by their data edges alone, interleaved with the caller's; the node after
-a call waits only for the body's control outputs (its stateful nodes), where
-the simulator runs a call as one node. So every function a call op runs,
-outside loop bodies, runs its nodes in topological order, as the simulator
-charges a call (`seqmem.edge.bodies`), each waiting for the one before it, and
-every called function gets its last node as a control output, so that a
-control edge from the call (`seqmem.swap.pin`) waits for the whole body. The
-NMT step at batch 223 with every loop list swapped measured 225.5-227.7 MB in
-four processes without, 219.9-222.0 MB in three with (docs/results.md, "Loop
-outputs ready early, and called bodies pinned").
-
 A function holding a pinned body, or calling one that does, is replaced by a
 copy named `<name>_seqmem_pinned` that every reference follows: a function
 already registered under its own name cannot change.
@@ -46,12 +33,11 @@ from tensorflow.core.framework import function_pb2, graph_pb2
 from seqmem.edge import capture, library
 from seqmem.edge.bodies import iteration_order
 from seqmem.edge.loop_swap import with_popped_shapes
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
-__all__ = ["pin_called_bodies", "pin_loop_bodies"]
+__all__ = ["pin_loop_bodies"]
 
 _SUFFIX = "_seqmem_pinned"
-_LAST_NODE = "seqmem_pinned_last"  # the control output a called body's last node becomes
 
 
 def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
@@ -73,52 +59,6 @@ def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
                 edited.append(function.signature.name)
     library.use_copies(pinned, edited, _SUFFIX)
     return pinned
-
-
-def pin_called_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-    """A copy of `graph_def` in which each function a call op runs (`FUNCTION_CALL_OPS`, in the graph or in a
-    library function) that no while loop runs runs its nodes in topological order, each waiting by a control
-    edge for the one before it, and in which every function a call op runs has its last node in that order
-    as a control output; functions renamed as the module docstring says. Returns `graph_def` itself when it
-    calls no function."""
-    called = _called(graph_def)
-    if not called:
-        return graph_def
-    pinned = graph_pb2.GraphDef()
-    pinned.CopyFrom(graph_def)
-    bodies = library.FunctionBodies(pinned.library)
-    in_loops = _run_in_loops(graph_def)
-    edited = []
-    for function in pinned.library.function:
-        name = function.signature.name
-        if name not in called:
-            continue
-        order = capture.from_tf(bodies.get(name)).topological_order()
-        chained = name not in in_loops and _chain(function, order)
-        if _end_with(function, order) or chained:
-            edited.append(name)
-    library.use_copies(pinned, edited, _SUFFIX)
-    return pinned
-
-
-def _called(graph_def: graph_pb2.GraphDef) -> set[str]:
-    """The library functions a call op of the graph or of its library runs."""
-    nodes = [*graph_def.node, *(node for f in graph_def.library.function for node in f.node_def)]
-    functions = {f.signature.name for f in graph_def.library.function}
-    return {node.attr["f"].func.name for node in nodes if node.op in FUNCTION_CALL_OPS} & functions
-
-
-def _end_with(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
-    """Make the last of `function`'s nodes in `order` a control output (in place); return whether the
-    function changed."""
-    names = {node.name for node in function.node_def}
-    last = next((name for name in reversed(order) if name in names), None)
-    if last is None or function.control_ret.get(_LAST_NODE) == last:
-        return False
-    if _LAST_NODE not in function.control_ret:
-        function.signature.control_output.append(_LAST_NODE)
-    function.control_ret[_LAST_NODE] = last
-    return True
 
 
 def _run_in_loops(graph_def: graph_pb2.GraphDef) -> set[str]:

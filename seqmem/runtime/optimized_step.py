@@ -24,7 +24,7 @@ from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import nodes_running, variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import pin_called_bodies, pin_loop_bodies
+from seqmem.edge.pinned_bodies import pin_loop_bodies
 from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
@@ -168,8 +168,7 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
     tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise. Its
     wide splits allocate their outputs in order (`edge.unpacked_splits`); with loops bounded to one
-    iteration at a time, its loop bodies are pinned, and where the plan pins its order, the bodies of the
-    functions it calls (`edge.pinned_bodies`)."""
+    iteration at a time, its loop bodies are pinned (`edge.pinned_bodies`)."""
     graph_def = capture.to_graph_def(assign_in_place(rewrite(analysis.graph, plan, backend)))
     if plan.loop_swaps:
         graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
@@ -178,8 +177,6 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     graph_def = unpack_splits(graph_def)
     if plan.loop_parallel_iterations == 1:
         graph_def = pin_loop_bodies(graph_def)
-    if plan.pinned_order:
-        graph_def = pin_called_bodies(graph_def)
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 

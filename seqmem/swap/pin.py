@@ -16,16 +16,18 @@ LSTMs' backward passes are called functions; 63.9 MB predicted): with only the
 data edge, the backward body's `zeros_like` and first transpose ran before the
 dense layer's weight gradient and the calls peaked at 65.1-70.9 MB; gated,
 calibration measured 63.6-64.4 MB (docs/results.md, "Function calls inlined
-into a pinned step"). Likewise the node after a call, a loop or a conditional
-waits for it by a control edge even where it reads its output: TensorFlow
-replaces such a node by its functions' nodes, and an output is then ready as
-soon as the node making it ran. A lowered loop hands out a resource its body
-passes through before its first iteration: in the NMT step the decoder's
-gradient accumulators (`VariableShape` of such a resource, then `Fill`) ran
-before the encoder in one process in three and after the decoder in the
-others, and that process peaked 9% higher. A control edge from a loop or a
-conditional waits for every output; one from a call waits for the call's
-control outputs, which `seqmem.edge.pinned_bodies` makes the body's last node.
+into a pinned step").
+
+The node after a loop or a conditional waits for it by a control edge even
+where it reads its output: TensorFlow lowers such a node into its functions'
+nodes, each output then ready as soon as the node making it ran, and a lowered
+loop hands out a resource its body passes through before its first iteration
+(a control edge from it waits for every output). In the NMT step at batch 223
+with every loop list swapped, the decoder's gradient accumulators
+(`VariableShape` of such a resource, then `Fill`) ran before the encoder in one
+process in three and after the decoder loop in the others, and that process
+peaked 19 MB (9%) higher (docs/results.md, "Loop outputs ready before the loop
+ran").
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.sim.schedule import pinned_nodes
 
 __all__ = ["pin"]
+
+_LOWERED_OPS = FUNCTIONAL_LOOP_OPS | FUNCTIONAL_COND_OPS
 
 
 def pin(graph: Graph, order: Sequence[str]) -> Graph:
@@ -45,8 +49,8 @@ def pin(graph: Graph, order: Sequence[str]) -> Graph:
 
     order: every node of `graph`, in an order that respects its edges. A pair
     already ordered by a direct edge gets no second one, except before a
-    function call and after a call, a loop or a conditional: TensorFlow inlines
-    or lowers them, and a data edge then orders only the body's nodes that read
+    function call and after a loop or a conditional: TensorFlow inlines or
+    lowers them, and a data edge then orders only the body's nodes that read
     that input or make that output, where a control edge orders them all
     (module docstring). Raises ValueError when
     `order` does not list the graph's nodes exactly once.
@@ -57,7 +61,7 @@ def pin(graph: Graph, order: Sequence[str]) -> Graph:
     chain = pinned_nodes(graph, order)
     for before, after in zip(chain, chain[1:]):
         if (before not in graph.predecessors(after) or graph.nodes[after].op in FUNCTION_CALL_OPS
-                or graph.nodes[before].op in FUNCTIONAL_OPS):
+                or graph.nodes[before].op in _LOWERED_OPS):
             waits_for[after] = before
     nodes = [
         dataclasses.replace(node, control_inputs=node.control_inputs + (waits_for[name],))

@@ -1,5 +1,5 @@
 """seqmem.edge.pinned_bodies: every loop body and condition chained in the order the simulator charges an
-iteration for, every called body in topological order and ending in a control output; results unchanged."""
+iteration for; results unchanged."""
 
 import tensorflow as tf
 
@@ -7,7 +7,7 @@ from seqmem.edge import capture
 from seqmem.edge.bodies import iteration_order
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import pin_called_bodies, pin_loop_bodies
+from seqmem.edge.pinned_bodies import pin_loop_bodies
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
@@ -37,28 +37,6 @@ def test_each_loop_body_and_condition_runs_one_chain_and_the_step_trains_the_sam
     assert_trains_the_same(function, variables, inputs, pinned)
 
 
-def test_each_called_body_runs_one_chain_and_waits_for_its_last_node_and_the_step_trains_the_same(op_determinism):
-    function, variables, inputs, _owners = rnn_step()
-    graph_def = pin_loop_bodies(bound_loops(function.graph.as_graph_def(), 1))
-    pinned = pin_called_bodies(graph_def)
-    functions = {f.signature.name: f for f in pinned.library.function}
-    nodes = [*pinned.node, *(n for f in pinned.library.function for n in f.node_def)]
-    called = {n.attr["f"].func.name for n in nodes if n.op in ("PartitionedCall", "StatefulPartitionedCall")}
-    assert len(called) >= 2 and all(name.endswith("_seqmem_pinned") for name in called)  # Keras' LSTM calls
-    graphs = FunctionBodies(pinned.library)
-    for name in called:
-        order = capture.from_tf(graphs.get(name)).topological_order()
-        by_name = {n.name: n for n in functions[name].node_def}
-        chain = [node for node in order if node in by_name]
-        assert len(chain) == len(by_name)
-        for before, after in zip(chain, chain[1:]):
-            assert before in {i.lstrip("^").split(":")[0] for i in by_name[after].input}
-        assert functions[name].control_ret["seqmem_pinned_last"] == chain[-1]
-        assert "seqmem_pinned_last" in functions[name].signature.control_output
-    assert_trains_the_same(function, variables, inputs, pinned)
-
-
-def test_a_graph_without_loops_or_calls_is_returned_as_it_was():
+def test_a_graph_without_loops_is_returned_as_it_was():
     graph_def = tf.function(lambda x: tf.nn.relu(x)).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
     assert pin_loop_bodies(graph_def) is graph_def
-    assert pin_called_bodies(graph_def) is graph_def
