@@ -20,9 +20,9 @@ into a pinned step").
 
 The node after a loop or a conditional waits for it by a control edge even
 where it reads its output: TensorFlow lowers such a node into its functions'
-nodes, each output then ready as soon as the node making it ran, and a lowered
-loop hands out a resource its body passes through before its first iteration
-(a control edge from it waits for every output). In the NMT step at batch 223
+nodes and feeds each consumer from the node making that output, where a
+control edge from it waits for every output. A lowered loop handed out a
+resource its body passes through before it ran: in the NMT step at batch 223
 with every loop list swapped, the decoder's gradient accumulators
 (`VariableShape` of such a resource, then `Fill`) ran before the encoder in one
 process in three and after the decoder loop in the others, and that process
