@@ -17,10 +17,12 @@ returns the same outputs, copies of the same elements, bit for bit, and its
 kernel allocates them one after another in output order. It is one node making
 every output at once, as the simulator models a `Split`, so predictions do not
 change; the reshape is a view. The unpack keeps the split's name, so every
-reference to an output stays valid. A split whose input's rank, or the size of
-the dimension it splits, is unknown, or which has more than one dimension of
-unknown size, is left as it is (the reshape needs its target shape); so are
-`SplitV` (uneven sizes), and splits under four ways, which allocate in order.
+reference to an output stays valid. The reshape's target may leave one size
+unknown (-1): that of the dimension the split divides (the NMT decoder's cell,
+whose gates are [223, ?] in its loop body), or that of another one. A split
+whose input's rank is unknown, or which has more than one dimension of unknown
+size, is left as it is; so are `SplitV` (uneven sizes), and splits under four
+ways, which allocate in order.
 On a GPU, `Split` allocates in order; there the rewrite adds one view.
 
 A function whose splits are rewritten, or that calls one that is, is replaced by
@@ -121,14 +123,15 @@ def _unpack(nodes: Iterable[node_def_pb2.NodeDef], shapes_graph: tf.Graph,
 
 
 def _reshaped_shape(split: tf.Operation, ways: int) -> Optional[tuple[list[int], int]]:
-    """The shape to reshape a split's input to (-1 for its one unknown dimension) and the axis to unpack,
-    or None where the split's dimension, the input's rank or all but one of its sizes are unknown."""
+    """The shape to reshape a split's input to (-1 for its one unknown size) and the axis to unpack, or None
+    where the axis, the input's rank or more than one of its sizes are unknown."""
     split_dim, value = split.inputs
     dim = tf.get_static_value(split_dim)
     if dim is None or value.shape.rank is None:
         return None
     axis = int(dim) % value.shape.rank
     sizes = [-1 if size is None else size for size in value.shape.as_list()]
-    if sizes[axis] < 0 or sizes.count(-1) > 1:
+    if sizes.count(-1) > 1:
         return None
-    return sizes[:axis] + [ways, sizes[axis] // ways] + sizes[axis + 1:], axis
+    part = -1 if sizes[axis] < 0 else sizes[axis] // ways
+    return sizes[:axis] + [ways, part] + sizes[axis + 1:], axis

@@ -27,16 +27,19 @@ def test_the_lstm_cells_split_becomes_an_unpack_and_the_step_trains_the_same(op_
     assert_trains_the_same(function, variables, inputs, unpacked)
 
 
-def test_splits_of_any_axis_give_the_same_outputs():
+def test_splits_of_any_axis_and_of_one_unknown_size_give_the_same_outputs():
     @tf.function
-    def splits(x):
-        return (*tf.split(x, 4, axis=1), *tf.split(x, 4, axis=0), *tf.split(x, 8, axis=-1))
+    def splits(x, y, z):
+        return (*tf.split(x, 4, axis=1), *tf.split(x, 4, axis=0), *tf.split(x, 8, axis=-1),
+                *tf.split(y, 4, axis=1), *tf.split(z, 4, axis=1))
 
-    function = splits.get_concrete_function(tf.TensorSpec([8, 64]))
+    # y's split dimension has no known size, z's batch has none
+    function = splits.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([8, None]),
+                                            tf.TensorSpec([None, 64]))
     unpacked = unpack_splits(function.graph.as_graph_def())
-    assert sum(op == "Unpack" for _, op in _ops(unpacked)) == 3
+    assert sum(op == "Unpack" for _, op in _ops(unpacked)) == 5
     x = tf.random.normal([8, 64], seed=1)
-    for expected, got in zip(function(x), graph_def_runner(function, unpacked)(x)):
+    for expected, got in zip(function(x, x, x), graph_def_runner(function, unpacked)(x, x, x)):
         assert np.array_equal(expected.numpy(), got.numpy())
 
 
@@ -45,6 +48,6 @@ def test_splits_it_cannot_shape_or_that_allocate_in_order_are_left_as_they_are()
     def splits(x, y):
         return (*tf.split(x, 2, axis=1), *tf.split(y, 4, axis=1))
 
-    # two ways: allocated in order; y's split dimension has no known size
-    graph_def = splits.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([8, None])).graph.as_graph_def()
+    # two ways: allocated in order; y has two sizes unknown
+    graph_def = splits.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([None, None])).graph.as_graph_def()
     assert unpack_splits(graph_def) is graph_def
