@@ -28,11 +28,15 @@ __all__ = ["FunctionBodies", "called_functions", "nodes_running", "use_copies", 
 
 
 class FunctionBodies:
-    """The graphs of a library's functions, each built once, on first use."""
+    """The graphs of a library's functions, each built once, on first use, inside a graph that holds the
+    whole library: a function may run another (a loop body, a branch) that only this library defines, such
+    as an edited copy (`use_copies`), which TensorFlow's runtime has not seen."""
 
     def __init__(self, library: function_pb2.FunctionDefLibrary) -> None:
+        self._library = library
         self._function_defs = {f.signature.name: f for f in library.function}
         self._graphs: dict[str, tf.Graph] = {}
+        self._holder: Optional[tf.Graph] = None
 
     def __contains__(self, name: str) -> bool:
         return name in self._function_defs
@@ -42,7 +46,12 @@ class FunctionBodies:
         if name not in self._function_defs:
             return None
         if name not in self._graphs:
-            self._graphs[name] = function_def_to_graph(self._function_defs[name])
+            if self._holder is None:
+                self._holder = tf.Graph()
+                with self._holder.as_default():
+                    tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=self._library), name="")
+            with self._holder.as_default():
+                self._graphs[name] = function_def_to_graph(self._function_defs[name])
         return self._graphs[name]
 
 # FunctionDef attributes by which Grappler's implementation selector swaps a function for an equivalent one

@@ -1,6 +1,8 @@
 import tensorflow as tf
 
-from seqmem.edge.library import variable_writers
+from seqmem.edge.library import FunctionBodies, variable_writers
+from seqmem.edge.unpacked_splits import unpack_splits
+from tests.edge.rnn_step import rnn_step
 
 
 def test_a_call_of_a_function_that_updates_a_variable_is_a_writer():
@@ -27,3 +29,16 @@ def test_a_call_of_a_function_that_updates_a_variable_is_a_writer():
     assert {n.name for n in graph_def.node if n.op == "AssignAddVariableOp"} <= writers
     assert not writers & {n.name for n in graph_def.node if n.op in ("MatMul", "Tanh", "ReadVariableOp")}
 
+
+
+def test_a_body_that_runs_an_edited_copy_is_built():
+    # the Keras LSTM's functions hold its loop, whose body unpack_splits edits under a new name
+    function, _variables, _inputs, _owners = rnn_step()
+    library = unpack_splits(function.graph.as_graph_def()).library
+    copies = {f.signature.name for f in library.function if f.signature.name.endswith("_seqmem_unpacked")}
+    holders = [f.signature.name for f in library.function
+               if any(n.attr["body"].func.name in copies for n in f.node_def if n.op in ("While", "StatelessWhile"))]
+    assert holders
+    bodies = FunctionBodies(library)
+    for name in holders:
+        assert any(op.type in ("While", "StatelessWhile") for op in bodies.get(name).get_operations())
