@@ -27,7 +27,7 @@ with every loop list swapped, the decoder's gradient accumulators
 (`VariableShape` of such a resource, then `Fill`) ran before the encoder in one
 process in three and after the decoder loop in the others, and that process
 peaked 19 MB (9%) higher (docs/results.md, "Loop outputs ready before the loop
-ran").
+ran, and the decoder's split").
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ def test_a_call_of_a_function_that_updates_a_variable_is_a_writer():
     assert not writers & {n.name for n in graph_def.node if n.op in ("MatMul", "Tanh", "ReadVariableOp")}
 
 
-
 def test_a_body_that_runs_an_edited_copy_is_built():
     # the Keras LSTM's functions hold its loop, whose body unpack_splits edits under a new name
     function, _variables, _inputs, _owners = rnn_step()
