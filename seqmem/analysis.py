@@ -17,6 +17,7 @@ from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
+from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
 from seqmem.swap.plan import LoopSwap, SwapPlan
@@ -52,12 +53,13 @@ class StepAnalysis:
     loop_swaps: tuple[LoopSwap, ...] = ()
     arena_reserved: bool = False
     in_use_before_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    iterations: Mapping[str, Iteration] = dataclasses.field(default_factory=dict)
 
     def simulator_options(self) -> dict:
         """The keyword arguments of `sim.simulator.simulate` this analysis fixes: kernels' scratch bytes, the
-        arena's mode and the bytes in use before the step."""
+        arena's mode, the bytes in use before the step and the loops' iterations."""
         return {"scratch_bytes": self.scratch_bytes, "reserved_arena": self.arena_reserved,
-                "in_use_before_bytes": self.in_use_before_bytes}
+                "in_use_before_bytes": self.in_use_before_bytes, "iterations": self.iterations}
 
     def pinned(self) -> "StepAnalysis":
         """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
@@ -84,6 +86,7 @@ def analyze_graph(
     inter_op_threads: int = 1,
     loop_swaps: Sequence[LoopSwap] = (),
     body_bytes: Optional[Mapping[str, int]] = None,
+    iterations: Optional[Mapping[str, Iteration]] = None,
 ) -> StepAnalysis:
     """Analyze the training step `graph`.
 
@@ -97,6 +100,8 @@ def analyze_graph(
     loop_swaps: the step's swappable loop accumulators, recorded as they are.
     body_bytes: bytes the body of each loop (one iteration) and function call holds (`edge.bodies`), by
     node name, charged to the node as scratch.
+    iterations: each loop's `Iteration` (`edge.bodies.body_memory`), by node name, which the simulator
+    replays through its allocator model.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -110,9 +115,11 @@ def analyze_graph(
         scratch.update(body_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
-                                pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps))
+                                pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps),
+                                iterations=dict(iterations or {}))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
-        return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps))
+        return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps),
+                            iterations=dict(iterations or {}))
 
 
 def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
@@ -127,7 +134,7 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                           op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,
-                               in_use_before_bytes=analysis.in_use_before_bytes)
+                               in_use_before_bytes=analysis.in_use_before_bytes, iterations=analysis.iterations)
 
 
 def as_planned(analysis: StepAnalysis, plan: SwapPlan) -> StepAnalysis:

@@ -37,6 +37,12 @@ and calls nested in a body are charged the same way inside it, recursively.
 One iteration is charged, as `optimize` runs loops (one iteration at a time); a
 loop left to run iterations in parallel may hold more.
 
+For each loop `body_memory` also gives the iteration as the simulator replays
+it through its allocator model (`seqmem.sim.iteration.Iteration`): when each
+of the body's buffers is allocated and freed in `iteration_order`, and when
+each element it writes to a list is made (the step of the tensor it pushes),
+for the loop output that list becomes.
+
 An argument whose buffer only its call reads (`handed_over`) is not held for
 the whole call: inlined, the call frees it once the last of its body's readers
 ran. Such a body is simulated with the argument live from its start, and
@@ -66,9 +72,10 @@ from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
 from seqmem.sim.schedule import executor_order
-from seqmem.sim.simulator import simulate
+from seqmem.sim.iteration import Iteration
+from seqmem.sim.simulator import body_pieces, simulate
 
-__all__ = ["body_bytes", "handed_over", "iteration_order"]
+__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -112,8 +119,17 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
     """For each while loop and function call among `graph_def`'s own nodes, by node name: the bytes its body
     holds as the module docstring says (nodes whose function is not in the library are left out).
     handed: the arguments each call alone reads, as `handed_over` gives them."""
+    return body_memory(graph_def, handed)[0]
+
+
+def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({})
+                ) -> tuple[dict[str, int], dict[str, Iteration]]:
+    """`body_bytes`, and the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
+    order its body allocates and frees its buffers in, which the simulator replays through its allocator
+    model (`seqmem.sim.iteration`)."""
     bodies = FunctionBodies(with_popped_shapes(graph_def).library)
     measured: dict[tuple[str, bool, tuple[tuple[int, int], ...]], int] = {}
+    iterations: dict[str, Iteration] = {}
 
     def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = ()) -> int:
         key = (function, loop, arguments)
@@ -123,7 +139,8 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
             nested = charged(op.node_def for op in body.get_operations())
             graph = capture.from_tf(body)
             if loop:
-                measured[key] = _iteration_bytes(graph, nested)
+                parameters = [TensorRef.parse(t.name).node for t in body.inputs]
+                measured[key], iterations[function] = _iteration_bytes(graph, nested, parameters)
             else:
                 returned = [TensorRef.parse(t.name) for t in body.outputs]
                 parameters = [TensorRef.parse(t.name).node for t in body.inputs]
@@ -140,7 +157,10 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
                 result[node.name] = held(node.attr[key].func.name, key == "body", arguments)
         return result
 
-    return charged(graph_def.node, top=True)
+    charges = charged(graph_def.node, top=True)
+    loops = {node.name: iterations[node.attr["body"].func.name] for node in graph_def.node
+             if node.name in charges and node.op in FUNCTIONAL_LOOP_OPS and node.attr["body"].func.name in iterations}
+    return charges, loops
 
 
 def iteration_order(body: Graph) -> tuple[str, ...]:
@@ -158,10 +178,30 @@ def _iteration(body: Graph) -> tuple[Graph, tuple[str, ...]]:
     return body, executor_order(body, static_costs(body))
 
 
-def _iteration_bytes(body: Graph, nested: dict[str, int]) -> int:
+def _iteration_bytes(body: Graph, nested: dict[str, int], parameters: list[str]) -> tuple[int, Iteration]:
     """Peak live bytes of a loop body's own tensors, list elements aside (`nested` bytes charged to its
-    loops and calls)."""
-    return _peak(*_iteration(body), nested)
+    loops and calls), and its `Iteration`: its buffers' lifetimes in `iteration_order` (a nested body's
+    bytes in pieces of about 1 MiB while it runs), and the steps that make the elements it writes to the
+    lists it gets as `parameters` (node names, in the loop's order of inputs)."""
+    listed, order = _iteration(body)
+    trace = simulate(listed, order, scratch_bytes=nested)
+    buffers = [(listed.tensor(owner).size_bytes or 0, first, last)
+               for owner, (first, last) in trace.lifetimes.items() if not listed.node(owner.node).persistent]
+    position = {name: step for step, name in enumerate(order)}
+    for name, size in nested.items():
+        buffers += [(piece, position[name], position[name]) for piece in body_pieces(size)]
+    elements = []
+    for name, node in listed.nodes.items():
+        if node.op in LIST_WRITE_OPS:
+            source = node.inputs[0]
+            while view_source(listed.node(source.node), source.index) is not None:
+                source = view_source(listed.node(source.node), source.index)
+            if source.node in parameters:
+                written = trace.buffer_of[node.inputs[LIST_WRITE_OPS[node.op]]]
+                elements.append((parameters.index(source.node), trace.lifetimes[written][0]))
+    timeline = trace.busiest()
+    iteration = Iteration(len(order), tuple(b for b in buffers if b[0]), tuple(sorted(elements)))
+    return timeline.peak_bytes - timeline.persistent_bytes, iteration
 
 
 def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef], handed: dict[str, int]) -> int:

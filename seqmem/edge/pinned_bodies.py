@@ -35,9 +35,11 @@ from seqmem.edge.bodies import iteration_order
 from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
-__all__ = ["pin_loop_bodies"]
+__all__ = ["left_to_grappler", "pin_loop_bodies"]
 
 _SUFFIX = "_seqmem_pinned"
+_IDENTITIES = frozenset({"Identity"})
+_SUMS = frozenset({"Add", "AddV2", "AddN"})
 
 
 def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
@@ -79,9 +81,11 @@ def _run_in_loops(graph_def: graph_pb2.GraphDef) -> set[str]:
 
 def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
     """Make each of `function`'s nodes wait for the one before it in `order` (in place), where no edge
-    already orders the two; return whether any edge was added."""
+    already orders the two, leaving out those `left_to_grappler` names; return whether any edge was
+    added."""
     by_name = {node.name: node for node in function.node_def}
-    chain = [name for name in order if name in by_name]
+    left_out = left_to_grappler(function)
+    chain = [name for name in order if name in by_name and name not in left_out]
     added = False
     for before, after in zip(chain, chain[1:]):
         node = by_name[after]
@@ -89,3 +93,23 @@ def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
             node.input.append(f"^{before}")
             added = True
     return added
+
+
+def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
+    """The nodes of `function` a control edge would keep TensorFlow's graph optimizer from rewriting as it
+    rewrites the unpinned step, changing what the step computes: its identities, which it removes (a sum's
+    inputs are ordered by their names, and a removed identity's input has another), and the sums it
+    collapses into one (`_SUMS` nodes whose only reader is another, and that reader): summed in another
+    order, the NMT step's gradient iteration no longer trained bit-identically."""
+    readers: dict[str, list[str]] = {}
+    for node in function.node_def:
+        for name in node.input:
+            if not name.startswith("^"):
+                readers.setdefault(name.split(":")[0], []).append(node.name)
+    by_name = {node.name: node for node in function.node_def}
+    left_out = {node.name for node in function.node_def if node.op in _IDENTITIES}
+    for node in function.node_def:
+        consumers = readers.get(node.name, [])
+        if node.op in _SUMS and len(consumers) == 1 and by_name[consumers[0]].op in _SUMS:
+            left_out |= {node.name, consumers[0]}
+    return left_out

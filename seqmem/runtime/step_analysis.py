@@ -13,11 +13,12 @@ from seqmem.analysis import StepAnalysis, analyze_graph
 from seqmem.critical_path import MachineModel
 from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
-from seqmem.edge.bodies import body_bytes, handed_over
+from seqmem.edge.bodies import body_memory, handed_over
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
+from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import simulate
 from seqmem.swap.plan import LoopSwap
 
@@ -46,9 +47,10 @@ def analyze_function(
         from seqmem.edge.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
-    swaps, held_by_bodies = _loops_and_calls(graph)
+    swaps, held_by_bodies, iterations = _loops_and_calls(graph)
     analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
-                             inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies)
+                             inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies,
+                             iterations=iterations)
     return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before)
 
 
@@ -62,12 +64,13 @@ def _in_use_bytes() -> dict[str, int]:
         return {}
 
 
-def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int]]:
-    """The step's swappable loop accumulators and the bytes each of its loops' and calls' bodies holds."""
+def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration]]:
+    """The step's swappable loop accumulators, the bytes each of its loops' and calls' bodies holds, and its
+    loops' iterations."""
     if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
-        return [], {}
+        return [], {}, {}
     graph_def = capture.to_graph_def(graph)
-    return loop_accumulators(graph_def), body_bytes(graph_def, handed_over(graph))
+    return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph)))
 
 
 def inter_op_threads() -> int:

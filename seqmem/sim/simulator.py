@@ -13,21 +13,22 @@ Model (that of TensorFlow's executor with a BFC allocator):
   starts); its lists, which it fills or empties, stay. Its loop invariants,
   and what a called function returns unchanged, share the input's buffer
   (`TensorInfo.passes_input`). One iteration's body is charged as the loop's
-  scratch, and a function call's body as the call's (`seqmem.edge.bodies`),
-  in 1 MiB pieces (`BODY_PIECE_BYTES`): a body's bytes are its many tensors, not
-  one buffer, and as one request the allocator model would hand them a free
-  chunk up to twice their size (the NMT step at T = 50, batch 223, every loop
-  list swapped: 257.9 MB predicted as one request, 236.2 in pieces; medians of
-  229-246 MB measured in five processes).
+  scratch, and a function call's body as the call's (`seqmem.edge.bodies`).
+  A call's body is placed in 1 MiB pieces (`BODY_PIECE_BYTES`): its bytes are
+  its many tensors, not one buffer, and as one request the allocator model
+  would hand them a free chunk up to twice their size.
   A list's elements are buffers of their own (`TensorInfo.element_bytes`):
-  the allocator model places each one. A list the loop fills gets its
-  elements one per iteration, each placed while that iteration's body is
-  allocated, as a loop bounded to one iteration at a time runs (the same
-  step with efficient attention: 231.7 MB predicted with the elements placed
-  together, 245.3 placed per iteration; process medians of 228-252 MB
-  measured, 243.1 the median of nine. The predicted peak moved to the
-  decoder's `TensorListStack`, where an allocator trace puts the measured
-  one).
+  the allocator model places each one. A loop whose body's `Iteration` is
+  known (`iterations`) runs it through the allocator model once per element of
+  the lists it fills (`sim.iteration.replay`): each iteration allocates and
+  frees its body's buffers in the order the body runs, and places each list's
+  element as the iteration writes it, as a loop bounded to one iteration at a
+  time runs; the loop is charged the most that held. Which free chunk a
+  request gets, and so the padding the BFC allocator adds, follows from that
+  order (the NMT step at T = 400, batch 40: 399.6 MB predicted with the body
+  as pieces allocated whole before each iteration's elements, 410.6 replayed,
+  428.6 measured). Without an `Iteration`, the body is placed in 1 MiB pieces
+  before each iteration's elements.
 - Parameters, constants, inputs, variables behind resource handles, the
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function or a loop's body holds (`Node.constant_sizes`)
@@ -52,8 +53,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
   `in_before` runs, with the compressed copy.
 
 Linear in the size of the graph: one pass over `order` (two with the "bfc"
-model), plus, for a loop that fills lists, its iterations times its body's
-pieces (the tfa NMT step at T = 400, batch 32: 0.49 s a simulation, 0.18 s with
+model), plus, per loop, its iterations (one for a loop that fills no list) times its
+body's buffers (the tfa NMT step at T = 400, batch 32: 0.49 s a simulation, 0.18 s with
 the elements placed together).
 """
 
@@ -68,9 +69,10 @@ from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS,
                                  LOOP_MERGE_OPS, STEP_ARGUMENT_OPS)
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
+from seqmem.sim.iteration import Iteration, replay
 from seqmem.sim.scratch import static_scratch_bytes
 
-__all__ = ["BODY_PIECE_BYTES", "DeviceTimeline", "MemoryTrace", "SwapEvent", "simulate"]
+__all__ = ["BODY_PIECE_BYTES", "DeviceTimeline", "MemoryTrace", "SwapEvent", "body_pieces", "simulate"]
 
 BODY_PIECE_BYTES = 1 << 20
 
@@ -224,6 +226,7 @@ def simulate(
     limit_bytes: int | None = None,
     reserved_arena: bool = False,
     in_use_before_bytes: Mapping[str, int] | None = None,
+    iterations: Mapping[str, Iteration] | None = None,
 ) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
@@ -240,6 +243,9 @@ def simulate(
     in_use_before_bytes: bytes measured in use on a device (by its name in the trace: "" for the default
     device) before the step first ran (`StepAnalysis.in_use_before_bytes`); on that device they replace
     the model's chunks for the variables and inputs in `persistent_bytes` and the peak.
+    iterations: each while loop's `Iteration`, by node name (`StepAnalysis.iterations`): the loop runs it
+    through the allocator model once per element of the lists it fills (`sim.iteration.replay`), its
+    scratch beyond the iteration's peak held meanwhile, and is charged the most it held then.
     Raises ValueError if `order` is not a valid schedule of the graph, a swap
     refers to nodes out of order, or `allocator` is unknown; SimulatedOutOfMemoryError when the
     "bfc" model cannot place a buffer within `limit_bytes`.
@@ -255,8 +261,8 @@ def simulate(
     model = (allocator, limit_bytes, reserved_arena)
     _instantiate(graph, memories, model)
     if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
-    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes)
+        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {})
+    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {})
     return _with_in_use_before(trace, memories, in_use_before_bytes or {})
 
 
@@ -292,7 +298,7 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
             memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)
 
 
-def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes) -> MemoryTrace:
+def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations) -> MemoryTrace:
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     swap_ins_before: dict[int, list[TensorRef]] = {}
     swap_outs_after: dict[int, list[TensorRef]] = {}
@@ -393,24 +399,36 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             if buffer.persistent:
                 memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
             elif node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
-                filled.append(buffer)
+                filled.append((index, buffer))
             elif size:
                 buffer.handle = memory.allocate(size, buffer.pieces)
 
         scratch = scratch_bytes.get(name, 0)
-        body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
-        scratch_pieces = max(1, scratch // BODY_PIECE_BYTES) if body else 1
-        if filled:
-            handles = memory.allocate_filled([(b.size, b.pieces) for b in filled], scratch, scratch_pieces)
-            for buffer, handle in zip(filled, handles):
+        iteration = iterations.get(name) if node.op in FUNCTIONAL_LOOP_OPS else None
+        replayed = None
+        if iteration is not None:
+            replayed = replay(memory.model, iteration, {index: (b.size, b.pieces) for index, b in filled},
+                              body_pieces(scratch - iteration.peak_bytes), memory.tensor_bytes)
+            for index, buffer in filled:
+                buffer.handle = replayed.list_handles[index]
+            memory.tensor_bytes += sum(buffer.size for _, buffer in filled)
+            scratch = 0
+        elif filled:
+            handles = memory.allocate_filled([(b.size, b.pieces) for _, b in filled], scratch,
+                                             max(1, scratch // BODY_PIECE_BYTES))
+            for (_, buffer), handle in zip(filled, handles):
                 buffer.handle = handle
-        scratch_handle = memory.allocate(scratch, scratch_pieces) if scratch else None
+        body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
+        scratch_handle = memory.allocate(scratch, max(1, scratch // BODY_PIECE_BYTES) if body else 1) if scratch else None
         for dev, other in memories.items():
             if dev not in timelines:
                 timelines[dev] = ([0] * step, [0] * step)
             live, tensor_live = timelines[dev]
-            live.append(other.model.in_use_bytes - other.persistent_bytes)
-            tensor_live.append(other.tensor_bytes - other.tensor_persistent_bytes)
+            in_use, tensors = other.model.in_use_bytes, other.tensor_bytes
+            if replayed is not None and other is memory:
+                in_use, tensors = max(in_use, replayed.peak_in_use_bytes), max(tensors, replayed.peak_tensor_bytes)
+            live.append(in_use - other.persistent_bytes)
+            tensor_live.append(tensors - other.tensor_persistent_bytes)
         if scratch_handle is not None:
             memory.free(scratch_handle, scratch)
         for held, handle, size in restoring:
@@ -459,6 +477,15 @@ def _with_in_use_before(trace: MemoryTrace, memories: Mapping[str, _DeviceMemory
         devices[device] = dataclasses.replace(timeline, persistent_bytes=timeline.persistent_bytes + shift,
                                               peak_bytes=timeline.peak_bytes + shift)
     return dataclasses.replace(trace, devices=devices)
+
+
+def body_pieces(size: int) -> tuple[int, ...]:
+    """`size` bytes of a body as the allocator model places them: equal pieces of about `BODY_PIECE_BYTES`
+    (none for 0 bytes or less)."""
+    if size <= 0:
+        return ()
+    count = max(1, size // BODY_PIECE_BYTES)
+    return (size // count,) * (count - 1) + (size - (count - 1) * (size // count),)
 
 
 def _pieces(info, size: int) -> int:

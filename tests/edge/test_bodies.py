@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from seqmem.edge import capture
-from seqmem.edge.bodies import body_bytes, handed_over
+from seqmem.edge.bodies import body_bytes, body_memory, handed_over
 
 _MIB = 1 << 20
 
@@ -28,6 +28,27 @@ def test_an_iterations_intermediates_count_and_the_loop_variables_do_not():
     # the tiled copy (4 MiB; the product is written into it) and the sum (256 KiB); `wide` is captured, an
     # argument like the loop variables
     assert 0 <= held - (4 * _MIB + (256 << 10)) < 1024  # and the counter's scalars
+
+
+def test_a_loops_iteration_is_its_buffers_in_order_and_the_elements_it_writes():
+    @tf.function(autograph=False)
+    def step(h):
+        def body(i, h, out):
+            h = tf.reshape(tf.reduce_sum(tf.reshape(tf.tile(h, [1, 16]), [256, 256, 16]), -1), [256, 256])
+            return i + 1, h, out.write(i, tf.sin(h))
+
+        out = tf.TensorArray(tf.float32, size=3)
+        return tf.while_loop(lambda i, *_: i < 3, body, (tf.constant(0), h, out))[2].stack()
+
+    graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
+    charges, iterations = body_memory(graph_def)
+    (loop, iteration), = iterations.items()
+    assert iteration.peak_bytes == charges[loop]
+    assert max(size for size, _, _ in iteration.buffers) == 4 * _MIB  # the tiled copy
+    # sin(h), written to the TensorArray's list: the While's output 4 (after its iteration counter and bound, i
+    # and h)
+    (output, written), = iteration.elements
+    assert output == 4 and 0 < written < iteration.steps
 
 
 def test_an_iterations_constants_are_the_loops_not_its_scratch():

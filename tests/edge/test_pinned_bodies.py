@@ -7,7 +7,7 @@ from seqmem.edge import capture
 from seqmem.edge.bodies import iteration_order
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import pin_loop_bodies
+from seqmem.edge.pinned_bodies import left_to_grappler, pin_loop_bodies
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
@@ -29,12 +29,25 @@ def test_each_loop_body_and_condition_runs_one_chain_and_the_step_trains_the_sam
     for name in bodies:
         order = iteration_order(capture.from_tf(graphs.get(name)))
         nodes = {n.name: n for n in functions[name].node_def}
-        chain = [node for node in order if node in nodes]
-        assert len(chain) == len(nodes)
+        left_out = left_to_grappler(functions[name])
+        chain = [node for node in order if node in nodes and node not in left_out]
+        assert len(chain) + len(left_out) == len(nodes)
         for before, after in zip(chain, chain[1:]):  # each waits for the one before it, by some direct edge
             assert before in {i.lstrip("^").split(":")[0] for i in nodes[after].input}
     assert not any(name.endswith("_seqmem_pinned") for name in _loop_functions(graph_def))  # input as it was
     assert_trains_the_same(function, variables, inputs, pinned)
+
+
+def test_identities_and_sums_grappler_collapses_are_left_out_of_the_chain():
+    @tf.function(autograph=False)
+    def f(a, b, c):
+        total = tf.add(tf.add(a, b, name="inner"), c, name="outer")  # one sum to grappler: AddN(a, b, c)
+        shared = tf.add(a, c, name="shared")  # read twice: stays a node of its own
+        return tf.identity(total, name="same"), tf.add(shared, b, name="after") * tf.exp(shared, name="exp")
+
+    function = f.get_concrete_function(*[tf.TensorSpec([4])] * 3).function_def
+    assert {"inner", "outer", "same"} <= left_to_grappler(function)
+    assert not {"shared", "after", "exp"} & left_to_grappler(function)
 
 
 def test_a_graph_without_loops_is_returned_as_it_was():
