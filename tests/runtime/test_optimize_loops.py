@@ -28,17 +28,23 @@ def test_loop_swapped_nmt_step_trains_bit_identically(op_determinism):
     plan = optimized.plan
     assert len(plan.loop_swaps) >= 10 and plan.loop_parallel_iterations == 1 and plan.feasible
     assert "loop(s) swapped element by element" in plan.summary()
+    (losses, weights), (optimized_losses, optimized_weights) = _trained((step, optimized), optimized, inputs, 2)
+    assert losses == optimized_losses
+    assert all(np.array_equal(a, b) for a, b in zip(weights, optimized_weights))
+
+
+def _trained(runs, optimized, inputs, steps):
+    """For each of `runs`, started from the same variable values: its losses over `steps` steps and its
+    variables' values after them (the variables of `optimized`'s step)."""
     variables = list(optimized.function.graph.variables)
     start = [v.numpy() for v in variables]
     results = []
-    for run in (step, optimized):
+    for run in runs:
         for variable, value in zip(variables, start):
             variable.assign(value)
-        losses = [float(run(*inputs)) for _ in range(2)]
+        losses = [float(run(*inputs)) for _ in range(steps)]
         results.append((losses, [v.numpy() for v in variables]))
-    (losses, weights), (optimized_losses, optimized_weights) = results
-    assert losses == optimized_losses
-    assert all(np.array_equal(a, b) for a, b in zip(weights, optimized_weights))
+    return results
 
 
 def test_a_step_with_one_decoder_list_swapped_trains_bit_identically(op_determinism):
@@ -52,15 +58,8 @@ def test_a_step_with_one_decoder_list_swapped_trains_bit_identically(op_determin
     assert len(softmax) == 1
     swapped = build_step(optimized.analysis, dataclasses.replace(optimized.plan, loop_swaps=tuple(softmax)),
                          optimized.backend, optimized.function, step)
-    variables = list(optimized.function.graph.variables)
-    start = [v.numpy() for v in variables]
-    weights = []
-    for run in (step, swapped):
-        for variable, value in zip(variables, start):
-            variable.assign(value)
-        run(*inputs)
-        weights.append([v.numpy() for v in variables])
-    assert all(np.array_equal(a, b) for a, b in zip(*weights))
+    (_, weights), (_, swapped_weights) = _trained((step, swapped), optimized, inputs, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(weights, swapped_weights))
 
 
 def planned_and_measured(model, budget_mb, safety_margin=0.1):
