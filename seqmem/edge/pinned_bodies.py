@@ -21,6 +21,13 @@ picks where a branch's nodes fall among the body's). The loop must run one
 iteration at a time (`optimize`'s loop bound of 1): the chain orders an
 iteration's nodes, not iterations.
 
+Left out of the chain are the nodes TensorFlow's graph optimizer rewrites in
+the unpinned step, where a control edge would stop it (`left_to_grappler`):
+identities, which it removes, and trees of sums, which it collapses into one
+sum of their inputs ordered by name. Chained, a plan swapping some of the NMT
+step's decoder lists summed a gradient iteration's terms in another order and
+trained 1e-8 apart from the original.
+
 A function holding a pinned body, or calling one that does, is replaced by a
 copy named `<name>_seqmem_pinned` that every reference follows: a function
 already registered under its own name cannot change.
