@@ -416,12 +416,11 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             memory.tensor_bytes += sum(buffer.size for _, buffer in filled)
             scratch = 0
         elif filled:
-            handles = memory.allocate_filled([(b.size, b.pieces) for _, b in filled], scratch,
-                                             max(1, scratch // BODY_PIECE_BYTES))
+            handles = memory.allocate_filled([(b.size, b.pieces) for _, b in filled], scratch, _piece_count(scratch))
             for (_, buffer), handle in zip(filled, handles):
                 buffer.handle = handle
         body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
-        scratch_handle = memory.allocate(scratch, max(1, scratch // BODY_PIECE_BYTES) if body else 1) if scratch else None
+        scratch_handle = memory.allocate(scratch, _piece_count(scratch) if body else 1) if scratch else None
         for dev, other in memories.items():
             if dev not in timelines:
                 timelines[dev] = ([0] * step, [0] * step)
@@ -486,8 +485,13 @@ def body_pieces(size: int) -> tuple[int, ...]:
     (none for 0 bytes or less)."""
     if size <= 0:
         return ()
-    count = max(1, size // BODY_PIECE_BYTES)
+    count = _piece_count(size)
     return (size // count,) * (count - 1) + (size - (count - 1) * (size // count),)
+
+
+def _piece_count(size: int) -> int:
+    """Pieces of about `BODY_PIECE_BYTES` a body's `size` bytes are placed in (at least one)."""
+    return max(1, size // BODY_PIECE_BYTES)
 
 
 def _pieces(info, size: int) -> int:
