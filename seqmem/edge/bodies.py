@@ -26,7 +26,8 @@ shape inference leaves them unknown in the body, and with them the size of what
 the body computes from them (the NMT step's gradient iteration at batch 223:
 11.2 MB sized without them, 32.9 MB with; with efficient attention, the
 [batch, time, units] gradient that the masked scores' gradient leads to was
-unsized until the popped masks were shaped too).
+unsized until the popped masks were shaped too), and every body with the shapes
+of the variables it reads (`seqmem.edge.variable_shapes`).
 
 Leaving out the body's arguments (the node's inputs), its constants (held across
 steps, charged to the node: `seqmem.edge.folded_constants`) and, for a loop,
@@ -69,13 +70,14 @@ from seqmem.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.loop_swap import with_popped_shapes
+from seqmem.edge.variable_shapes import with_variable_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
 
-__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order"]
+__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "sized_bodies"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -114,20 +116,31 @@ def handed_over(graph: Graph) -> dict[str, dict[int, int]]:
     return result
 
 
+def sized_bodies(graph_def: graph_pb2.GraphDef,
+                 variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})) -> FunctionBodies:
+    """The bodies of `graph_def`'s functions as this module sizes them: the gradient loops' pops shaped
+    (`with_popped_shapes`) and the variables they read shaped (`variables`, by the name of the node that
+    outputs the handle: `seqmem.edge.variable_shapes`)."""
+    return FunctionBodies(with_variable_shapes(with_popped_shapes(graph_def), variables).library)
+
+
 def body_bytes(graph_def: graph_pb2.GraphDef,
-               handed: Mapping[str, Mapping[int, int]] = MappingProxyType({})) -> dict[str, int]:
+               handed: Mapping[str, Mapping[int, int]] = MappingProxyType({}),
+               variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})) -> dict[str, int]:
     """For each while loop and function call among `graph_def`'s own nodes, by node name: the bytes its body
     holds as the module docstring says (nodes whose function is not in the library are left out).
-    handed: the arguments each call alone reads, as `handed_over` gives them."""
-    return body_memory(graph_def, handed)[0]
+    handed: the arguments each call alone reads, as `handed_over` gives them; variables: as `sized_bodies`
+    takes them."""
+    return body_memory(graph_def, handed, variables)[0]
 
 
-def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({})
+def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({}),
+                variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})
                 ) -> tuple[dict[str, int], dict[str, Iteration]]:
     """`body_bytes`, and the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
     order its body allocates and frees its buffers in, which the simulator replays through its allocator
     model (`seqmem.sim.iteration`)."""
-    bodies = FunctionBodies(with_popped_shapes(graph_def).library)
+    bodies = sized_bodies(graph_def, variables)
     measured: dict[tuple[str, bool, tuple[tuple[int, int], ...]], int] = {}
     iterations: dict[str, Iteration] = {}
 

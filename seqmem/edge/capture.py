@@ -11,7 +11,9 @@ Sizes (`TensorInfo`, `Node`):
   computed from a TensorList stacked after its loop take the list's length
   into their shapes (`seqmem.edge.stack_lengths`);
 - a resource handle: 0 bytes; the variable's buffer is booked on the handle
-  node (`resource_bytes`);
+  node (`resource_bytes`), and the variable's shape, where TensorFlow knows it,
+  kept for sizing the bodies that read it (`handle_shape`,
+  `seqmem.edge.variable_shapes`);
 - a variant holding a TensorList (a loop's accumulator, a TensorArray): sized
   by following it back to the list's creation through identities, loops and
   function calls; each element is a buffer of its own (`element_bytes`),
@@ -41,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+from tensorflow.python.ops import handle_data_util
 
 from seqmem.edge.copy_on_read import copying_reads
 from seqmem.edge.folded_constants import folded_ops, held_constants
@@ -192,8 +195,8 @@ def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.Ten
     dtype = tensor.dtype.base_dtype
     shape = None if static_shape.rank is None else tuple(static_shape.as_list())
     if dtype == tf.resource:
-        size = 0
-    elif dtype == tf.variant:
+        return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=0, handle_shape=_variable_shape(tensor))
+    if dtype == tf.variant:
         size, element_bytes = sizer.size(tensor) or (None, None)
         return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, element_bytes=element_bytes,
                           passes_input=passes_input)
@@ -203,6 +206,17 @@ def _tensor_info(tensor: tf.Tensor, sizer: "_VariantSizer", static_shape: tf.Ten
         size = math.prod(shape) * dtype.size
     return TensorInfo(dtype=dtype.name, shape=shape, size_bytes=size, passes_input=passes_input,
                       copies_input=copies_input)
+
+
+def _variable_shape(handle: tf.Tensor) -> tuple[int, ...] | None:
+    """The fully known shape of the variable behind resource tensor `handle`, from TensorFlow's handle data."""
+    data = handle_data_util.get_resource_handle_data(handle)
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    shape = data.shape_and_type[0].shape
+    if shape.unknown_rank or any(dim.size < 0 for dim in shape.dim):
+        return None
+    return tuple(dim.size for dim in shape.dim)
 
 
 def _captured_variable_bytes(tf_graph: tf.Graph) -> dict[str, int]:

@@ -35,11 +35,13 @@ already registered under its own name cannot change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from seqmem.edge import capture, library
-from seqmem.edge.bodies import iteration_order
-from seqmem.edge.loop_swap import with_popped_shapes
+from seqmem.edge.bodies import iteration_order, sized_bodies
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 
 __all__ = ["left_to_grappler", "pin_loop_bodies"]
@@ -49,17 +51,20 @@ _IDENTITIES = frozenset({"Identity"})
 _SUMS = frozenset({"Add", "AddV2", "AddN"})
 
 
-def pin_loop_bodies(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+def pin_loop_bodies(graph_def: graph_pb2.GraphDef,
+                    variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})) -> graph_pb2.GraphDef:
     """A copy of `graph_def` in which each function a while loop runs (its body and condition, in the graph
     or in a library function, and what they call) runs its nodes in `iteration_order`, each waiting by a
-    control edge for the one before it; functions renamed as the module docstring says. Returns `graph_def`
-    itself when it has no loop."""
+    control edge for the one before it; functions renamed as the module docstring says. The order is that
+    of the bodies as `seqmem.edge.bodies` sizes them (`sized_bodies`, `variables` the shapes of the variables
+    behind the graph's handles), so the one the simulator charges. Returns `graph_def` itself when it has no
+    loop."""
     in_loops = _run_in_loops(graph_def)
     if not in_loops:
         return graph_def
     pinned = graph_pb2.GraphDef()
     pinned.CopyFrom(graph_def)
-    bodies = library.FunctionBodies(with_popped_shapes(graph_def).library)
+    bodies = sized_bodies(graph_def, variables)
     edited = []
     for function in pinned.library.function:
         if function.signature.name in in_loops:

@@ -59,6 +59,8 @@ class TensorInfo:
     copies_input: the output of an op that usually shares its input's buffer is
     a copy, a buffer of its own (a read of a variable in copy-on-read mode,
     `seqmem.edge.copy_on_read`).
+    handle_shape: for a resource handle, the shape of the variable behind it
+    where TensorFlow knows it (a captured variable's handle); None otherwise.
     """
 
     dtype: str
@@ -67,6 +69,7 @@ class TensorInfo:
     element_bytes: int | None = None
     passes_input: int | None = None
     copies_input: bool = False
+    handle_shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
 from seqmem.edge.pinned_bodies import pin_loop_bodies
 from seqmem.edge.unpacked_splits import unpack_splits
+from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import SwapPlan
@@ -176,7 +177,7 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
         graph_def = gate_loops(bound_loops(graph_def, plan.loop_parallel_iterations))
     graph_def = unpack_splits(graph_def)
     if plan.loop_parallel_iterations == 1:
-        graph_def = pin_loop_bodies(graph_def)
+        graph_def = pin_loop_bodies(graph_def, variable_shapes(analysis.graph))
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
 
 

@@ -14,6 +14,7 @@ from seqmem.critical_path import MachineModel
 from seqmem.edge import capture
 from seqmem.gc_pause import gc_paused
 from seqmem.edge.bodies import body_memory, handed_over
+from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
@@ -70,7 +71,7 @@ def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int], dict
     if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
         return [], {}, {}
     graph_def = capture.to_graph_def(graph)
-    return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph)))
+    return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph), variable_shapes(graph)))
 
 
 def inter_op_threads() -> int:
