@@ -8,8 +8,8 @@ In the NMT decoder's body that left the LSTM cell's two [batch, 4 x units]
 products and the attention's [batch, 1, units] context unsized (0 bytes), so
 the iteration the simulator replays lacked them: with efficient attention at
 batch 223 the bounded step was predicted at 438.9 MB for 462.5-467.2 MB
-measured; with the reads shaped, 468.6 MB for 467.2 MB (docs/results.md,
-"Variable reads shaped in loop bodies").
+measured; with the reads shaped, 468.6 MB for 462.5 MB, in each of three
+processes (docs/results.md, "Variable reads shaped in loop bodies").
 
 `with_variable_shapes` copies a GraphDef and states, in each function a loop or
 call runs (at any depth, following the resource arguments it passes on), the
