@@ -54,7 +54,7 @@ _HOME = {
     "projected_mean_cross_entropy": "seqmem.softmax_loss",
     "projected_sparse_cross_entropy": "seqmem.softmax_loss",
 }
-_MODULES = {"device": "seqmem.runtime.device", "keras": "seqmem.runtime.keras"}
+_MODULES = {"device": "seqmem.device", "keras": "seqmem.keras"}
 
 
 def __getattr__(name: str):

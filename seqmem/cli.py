@@ -19,14 +19,26 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
+from typing import Optional
 
 from seqmem.examples import EXAMPLE_NAMES
 from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, KINDS, ConservationOptions
 from seqmem.units import MIB
 
-__all__ = ["main"]
+__all__ = ["accuracy_command", "demo_command", "largest_batches_command", "main", "plan_command", "profile_command",
+           "train_without_seqmem_command"]
 
 _EXAMPLE_PREFIX = "example:"
+DEFAULT_DEVICE_MB = 4096  # the emulated device `profile` and `accuracy` measure on (MiB)
+DEFAULT_MAX_BATCH = 4096  # upper limit of a largest-batch search
+DEFAULT_PRECISION = 0.1  # a largest-batch search stops once the largest batch is known within this fraction
+# The demo: a ResNet-14 step that runs out of memory under the budget without seqmem and trains with it.
+DEMO_PROFILE_BATCH = 64
+DEMO_BATCH = 256
+DEMO_BUDGET_MB = 200
+DEMO_MAX_BATCH = 2048
+DEMO_SAFETY_MARGIN = 0.3
 
 
 def _model_source(text: str) -> str:
@@ -58,6 +70,16 @@ def _host_memory_mb(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}")
+    return value
+
+
 def _parse_case(text: str) -> tuple[str, int]:
     name, _, batch = text.partition(":")
     if name not in EXAMPLE_NAMES or not batch.isdigit() or int(batch) < 1:
@@ -86,45 +108,53 @@ def _fail(run, what: str) -> int:
     return 1
 
 
-def _profile(args: argparse.Namespace) -> int:
+def profile_command(model: str, batch: int, *, device_mb: int = DEFAULT_DEVICE_MB, png: Optional[str] = None,
+                    at_peak: int = 0) -> int:
+    """`seqmem profile`: print the predicted and measured peak of `model`'s step at `batch` on an emulated
+    `device_mb` MiB device (and the `at_peak` largest buffers live at each peak); the curve to `png`."""
     from seqmem import cli_jobs
     from seqmem.runtime.device import run_with_budget
 
-    with _Stage(f"profiling {args.model} at batch {args.batch} on an emulated {args.device_mb} MB device"):
-        run = run_with_budget(cli_jobs.profile_step, args.model, args.batch, args.png, args.at_peak,
-                              budget_mb=args.device_mb)
+    with _Stage(f"profiling {model} at batch {batch} on an emulated {device_mb} MB device"):
+        run = run_with_budget(cli_jobs.profile_step, model, batch, png, at_peak, budget_mb=device_mb)
     if not run.ok:
         return _fail(run, "profiling")
     print(run.value)
-    if args.png:
-        print(f"wrote {args.png}")
+    if png:
+        print(f"wrote {png}")
     return 0
 
 
-def _plan(args: argparse.Namespace) -> int:
+def plan_command(model: str, batch: int, budget_mb: int, *, safety_margin: float = DEFAULT_SAFETY_MARGIN,
+                 options: ConservationOptions = ConservationOptions(), host_memory_mb: Optional[float] = None,
+                 json_path: Optional[str] = None, png: Optional[str] = None) -> int:
+    """`seqmem plan`: optimize `model`'s step at `batch` for `budget_mb` MiB in a fresh emulated device of that
+    size, train two steps with it, print the plan and the measured peak; the plan to `json_path`, its curves
+    to `png`."""
     from seqmem import cli_jobs
     from seqmem.runtime.device import run_with_budget
 
-    with _Stage(f"planning {args.model} at batch {args.batch} for an emulated {args.budget_mb} MB device"):
-        run = run_with_budget(cli_jobs.plan_step, args.model, args.batch, args.budget_mb, args.json, args.png,
-                              args.safety_margin, args.options, args.host_memory_mb, budget_mb=args.budget_mb)
+    with _Stage(f"planning {model} at batch {batch} for an emulated {budget_mb} MB device"):
+        run = run_with_budget(cli_jobs.plan_step, model, batch, budget_mb, json_path, png, safety_margin, options,
+                              host_memory_mb, budget_mb=budget_mb)
     if not run.ok:
         return _fail(run, "planning")
     trained_peak, summary = run.value
     print(summary)
     print(f"trained two steps with the plan: measured peak {trained_peak / MIB:.1f} MB")
-    for path in (args.json, args.png):
+    for path in (json_path, png):
         if path:
             print(f"wrote {path}")
-    if args.largest_batch:
-        _largest_batches(args.model, args.budget_mb, args.batch, args.max_batch, args.safety_margin, args.options,
-                         args.host_memory_mb)
     return 0
 
 
-def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, safety_margin: float,
-                     options: ConservationOptions, host_memory_mb: float | None) -> None:
-    """Print the largest batch that trains two steps without and with seqmem (real OOM, a process per probe)."""
+def largest_batches_command(model: str, budget_mb: int, *, start: int = 1, max_batch: int = DEFAULT_MAX_BATCH,
+                            safety_margin: float = DEFAULT_SAFETY_MARGIN,
+                            options: ConservationOptions = ConservationOptions(),
+                            host_memory_mb: Optional[float] = None, precision: float = DEFAULT_PRECISION) -> int:
+    """`seqmem plan --largest-batch`: print the largest batch (<= `max_batch`, within `precision`, relative)
+    that trains two steps of `model` under `budget_mb` MiB without and with seqmem (real OOMs, a fresh
+    process per probe)."""
     from tqdm import tqdm
 
     from seqmem import cli_jobs
@@ -137,7 +167,7 @@ def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, saf
                             kinds=options.kinds, compression=options.compression, host_memory_mb=host_memory_mb)
         with tqdm(desc=f"largest batch {label}", unit="probe", file=sys.stdout) as progress:
             search = largest_batch(trains, workload, budget_mb=budget_mb, limit=max_batch,
-                                   start=min(max(found.get("without seqmem", start), 1), max_batch), precision=0.1,
+                                   start=min(max(found.get("without seqmem", start), 1), max_batch), precision=precision,
                                    on_probe=lambda batch, verdict: progress.set_postfix_str(f"{batch}: {verdict}")
                                    or progress.update(1))
         found[label] = search.batch
@@ -145,50 +175,66 @@ def _largest_batches(model: str, budget_mb: int, start: int, max_batch: int, saf
             print(f"  note: {note}")
     base, opt = found["without seqmem"], found["with seqmem"]
     ratio = f" ({opt / base:.2f}x)" if base else ""
-    print(f"largest batch under {budget_mb} MB (within 10%): without seqmem {base}, with seqmem {opt}{ratio}")
+    print(f"largest batch under {budget_mb} MB (within {precision:.0%}): without seqmem {base}, with seqmem {opt}{ratio}")
+    return 0
 
 
-def _accuracy(args: argparse.Namespace) -> int:
+def accuracy_command(cases: Optional[Sequence[tuple[str, int]]] = None, *, device_mb: int = DEFAULT_DEVICE_MB,
+                     one_stream: bool = True, reserved_arena: bool = False) -> int:
+    """`seqmem accuracy`: print predicted vs measured peaks of the built-in `cases` ((example, batch) pairs;
+    default `examples.accuracy.DEFAULT_CASES`), each in a fresh emulated `device_mb` MiB device."""
     from seqmem.examples.accuracy import DEFAULT_CASES, format_table, measure_accuracy
 
-    cases = args.case or DEFAULT_CASES
-    with _Stage(f"profiling {len(cases)} built-in steps, each in a fresh {args.device_mb} MB emulated device"):
-        rows = measure_accuracy(cases, budget_mb=args.device_mb, one_stream=not args.concurrent_ops,
-                                reserved_arena=args.reserved_arena)
+    cases = cases or DEFAULT_CASES
+
+    with _Stage(f"profiling {len(cases)} built-in steps, each in a fresh {device_mb} MB emulated device"):
+        rows = measure_accuracy(cases, budget_mb=device_mb, one_stream=one_stream, reserved_arena=reserved_arena)
     print(format_table(rows))
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    os.makedirs(args.out, exist_ok=True)
-    png = os.path.join(args.out, "memory-cnn.png")
-    steps = [
-        argparse.Namespace(model="example:cnn", batch=64, device_mb=4096, png=png),
-        argparse.Namespace(model="example:resnet", batch=256, budget_mb=200, json=os.path.join(args.out, "plan.json"),
-                           png=os.path.join(args.out, "plan-resnet.png"), safety_margin=0.3, largest_batch=True,
-                           max_batch=2048, options=ConservationOptions()),
-    ]
-    print("1/3: profile a built-in step (a CNN) and measure its peak")
-    if _profile(steps[0]):
-        return 1
-    print("\n2/3: a step that runs out of memory under 200 MB (ResNet-14, batch 256), without and with seqmem")
-    if _baseline_oom(steps[1]):
-        return 1
-    print("\n3/3: the plan that fits it, then the largest batch without and with seqmem")
-    return _plan(steps[1])
-
-
-def _baseline_oom(args: argparse.Namespace) -> int:
+def train_without_seqmem_command(model: str, batch: int, budget_mb: int) -> int:
+    """Train two steps of `model` at `batch` as it is on an emulated `budget_mb` MiB device; print whether it
+    trains or runs out of memory (both are answers: 0), 1 when it fails otherwise."""
     from seqmem import cli_jobs
     from seqmem.bench.workload import Workload, trains
     from seqmem.runtime.device import run_with_budget
 
-    with _Stage(f"training {args.model} at batch {args.batch} without seqmem on an emulated {args.budget_mb} MB "
-                "device"):
-        run = run_with_budget(trains, args.batch, Workload(cli_jobs.model_step, (("source", args.model),), False,
-                                                           args.budget_mb), budget_mb=args.budget_mb)
+    with _Stage(f"training {model} at batch {batch} without seqmem on an emulated {budget_mb} MB device"):
+        run = run_with_budget(trains, batch, Workload(cli_jobs.model_step, (("source", model),), False, budget_mb),
+                              budget_mb=budget_mb)
     print(f"  without seqmem: {'trains' if run.ok else run.verdict}")
     return 0 if run.verdict in ("ok", "oom") else _fail(run, "training without seqmem")
+
+
+def demo_command(out: str, *, batch: int = DEMO_BATCH, budget_mb: int = DEMO_BUDGET_MB,
+                 max_batch: int = DEMO_MAX_BATCH, precision: float = DEFAULT_PRECISION) -> int:
+    """`seqmem demo`: profile the cnn example, then train the resnet example at `batch` under `budget_mb` MiB
+    without seqmem and with a plan, and find the largest batch (<= `max_batch`, within `precision`) each
+    trains; files in `out`."""
+    os.makedirs(out, exist_ok=True)
+    print("1/3: profile a built-in step (a CNN) and measure its peak")
+    if profile_command("example:cnn", DEMO_PROFILE_BATCH, png=os.path.join(out, "memory-cnn.png")):
+        return 1
+    print(f"\n2/3: a ResNet-14 step at batch {batch} under {budget_mb} MB, without seqmem")
+    if train_without_seqmem_command("example:resnet", batch, budget_mb):
+        return 1
+    print("\n3/3: the plan that fits it, then the largest batch without and with seqmem")
+    if plan_command("example:resnet", batch, budget_mb, safety_margin=DEMO_SAFETY_MARGIN,
+                    json_path=os.path.join(out, "plan.json"), png=os.path.join(out, "plan-resnet.png")):
+        return 1
+    return largest_batches_command("example:resnet", budget_mb, start=batch, max_batch=max_batch,
+                                   safety_margin=DEMO_SAFETY_MARGIN, precision=precision)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    shared = dict(safety_margin=args.safety_margin, options=args.options, host_memory_mb=args.host_memory_mb)
+    if plan_command(args.model, args.batch, args.budget_mb, json_path=args.json, png=args.png, **shared):
+        return 1
+    if args.largest_batch:
+        return largest_batches_command(args.model, args.budget_mb, start=args.batch, max_batch=args.max_batch,
+                                       **shared)
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -198,12 +244,14 @@ def _parser() -> argparse.ArgumentParser:
     profile = commands.add_parser("profile", help="predicted and measured peak of one training step")
     profile.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")
     profile.add_argument("--batch", type=_positive_int, required=True)
-    profile.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device to measure on (MiB)")
+    profile.add_argument("--device-mb", type=_positive_int, default=DEFAULT_DEVICE_MB,
+                         help="emulated device to measure on (MiB)")
     profile.add_argument("--png", help="write the predicted memory curve here")
     profile.add_argument("--at-peak", type=_positive_int, default=0, metavar="N",
                          help="list the N largest buffers live at the predicted peak and, from the allocator's "
                               "trace of one step, at the measured peak")
-    profile.set_defaults(run=_profile)
+    profile.set_defaults(run=lambda args: profile_command(args.model, args.batch, device_mb=args.device_mb,
+                                                          png=args.png, at_peak=args.at_peak))
     plan = commands.add_parser("plan", help="the swap plan that fits a budget, trained two steps on it")
     plan.add_argument("model", type=_model_source, help="a saved, compiled .keras model, or example:NAME")
     plan.add_argument("--batch", type=_positive_int, required=True)
@@ -214,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--png", help="write the predicted memory curves, before and after, here")
     plan.add_argument("--largest-batch", action="store_true",
                       help="also find the largest batch that trains without and with seqmem (minutes)")
-    plan.add_argument("--max-batch", type=_positive_int, default=4096, help="upper limit of --largest-batch")
+    plan.add_argument("--max-batch", type=_positive_int, default=DEFAULT_MAX_BATCH, help="upper limit of --largest-batch")
     plan.add_argument("--kinds", default="swap",
                       help=f"how tensors may be conserved, comma-separated, of {', '.join(KINDS)} (default: swap)")
     plan.add_argument("--compression", help="float16 or bfloat16: the dtype of the compressing kinds")
@@ -225,15 +273,25 @@ def _parser() -> argparse.ArgumentParser:
     accuracy = commands.add_parser("accuracy", help="predicted vs measured peak of the built-in examples")
     accuracy.add_argument("--case", action="append", type=_parse_case,
                           help="EXAMPLE:BATCH (repeatable); default: one batch per example")
-    accuracy.add_argument("--device-mb", type=_positive_int, default=4096, help="emulated device (MiB)")
+    accuracy.add_argument("--device-mb", type=_positive_int, default=DEFAULT_DEVICE_MB, help="emulated device (MiB)")
     accuracy.add_argument("--concurrent-ops", action="store_true",
                           help="TensorFlow's default inter-op pool instead of one op at a time (one compute stream)")
     accuracy.add_argument("--reserved-arena", action="store_true",
                           help="reserve the emulated device's arena up front, as a GPU's, instead of growing it")
-    accuracy.set_defaults(run=_accuracy)
+    accuracy.set_defaults(run=lambda args: accuracy_command(args.case, device_mb=args.device_mb,
+                                                            one_stream=not args.concurrent_ops,
+                                                            reserved_arena=args.reserved_arena))
     demo = commands.add_parser("demo", help="profile, plan and batch search on built-in examples (a few minutes)")
     demo.add_argument("--out", default="demo-output", help="folder for the plot and the plan")
-    demo.set_defaults(run=_demo)
+    demo.add_argument("--batch", type=_positive_int, default=DEMO_BATCH, help="the ResNet-14 step's batch")
+    demo.add_argument("--budget-mb", type=_positive_int, default=DEMO_BUDGET_MB,
+                      help="the budget, and the emulated device (MiB)")
+    demo.add_argument("--max-batch", type=_positive_int, default=DEMO_MAX_BATCH,
+                      help="upper limit of the largest-batch search")
+    demo.add_argument("--precision", type=_fraction, default=DEFAULT_PRECISION,
+                      help="stop the batch searches once the largest batch is known within this fraction")
+    demo.set_defaults(run=lambda args: demo_command(args.out, batch=args.batch, budget_mb=args.budget_mb,
+                                                    max_batch=args.max_batch, precision=args.precision))
     return parser
 
 
@@ -248,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                                                args.compression)
         except ValueError as error:
             parser.error(f"--kinds/--compression: {error}")
+        del args.kinds, args.compression
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter in the child processes
     return args.run(args)
 

@@ -64,7 +64,8 @@ def optimize(
     """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
 
     target: a tf.function (traced for `input_signature`, a sequence of
-    TensorSpecs, when it has none of its own), a ConcreteFunction, a TF1
+    TensorSpecs, when it has none of its own; default: the specs of
+    `sample_inputs`), a ConcreteFunction, a TF1
     tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
     for functions (unchanged when the step already fits, has no loop to bound
     and is not pinned), with `.graph_def` and `.plan`.
@@ -139,6 +140,8 @@ def optimize(
         raise TypeError(
             f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
         )
+    if input_signature is None and sample_inputs is not None:
+        input_signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, tuple(sample_inputs))
     function = capture.concrete_function(target, tuple(input_signature or ()))
     original = target if not isinstance(target, capture.ConcreteFunction) else function
     measuring = device.measuring_device_present()
