@@ -345,13 +345,15 @@ class _Planner:
 def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:
     """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
     for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
-    first step that fits (its measured peak recorded in the plan), or the last one planned."""
+    first step that fits (its measured peak recorded in the plan, instantiated anew so that its random ops
+    draw what the original's first call would), or the last one planned."""
     function = step.function
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
         measured = _measured_peak(step, function, sample_inputs)
         if measured is not None and measured <= planner.budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
+            step.restart()  # calibration's calls advanced its random kernels
             return step
         if measured is not None:
             measured_peaks.append(measured)

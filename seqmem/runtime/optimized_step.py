@@ -112,6 +112,16 @@ class OptimizedStep:
                 return self(*args)
         raise tf.errors.ResourceExhaustedError(failure.node_def, failure.op, f"{message}\nseqmem: {note}") from None
 
+    def restart(self) -> None:
+        """Instantiate the rewritten step anew: its stateful kernels (random ops seeded per op, as Keras'
+        dropout draws) start again from their seeds, as the original's do before its first call. Calibration
+        calls it first; this makes the caller's first call draw what the original's first call would."""
+        if self._run is None or self._run is self.original:
+            return
+        self._run = None
+        gc.collect()  # the function's graph has reference cycles; its folded constants live in the arena
+        self._run = graph_def_runner(self.function, self.graph_def)
+
     def _adopt(self, plan: SwapPlan) -> None:
         """Run `plan` from now on: drop this step's function and its device memory, then build the new one."""
         self._run = None

@@ -206,3 +206,44 @@ def later_oom(name, batch, budget_mb, arena_mb, steps=2):
     except tf.errors.ResourceExhaustedError as error:  # the error's last line is seqmem's note
         return None, lines, error.message.splitlines()[-1]
     return lines, losses, [v.numpy() for v in example.model.variables], planned, step.plan.target_bytes, measured
+
+
+def dropout_equivalence(batch, budget_mb, steps=3):
+    """A Keras model with `Dropout` and `MultiHeadAttention(dropout=...)`, optimized with calibration for
+    `budget_mb` vs the original, same initial weights, each step's first call from a fresh function: (the
+    plan measured a peak, losses equal, variables equal)."""
+    import tensorflow as tf
+
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        tokens = tf.keras.Input([16, 32])
+        attended = tf.keras.layers.MultiHeadAttention(2, 16, dropout=0.2)(tokens, tokens)
+        hidden = tf.keras.layers.Dropout(0.3)(tf.keras.layers.Dense(64, activation="relu")(tokens + attended))
+        model = tf.keras.Model(tokens, tf.keras.layers.Dense(4)(tf.keras.layers.GlobalAveragePooling1D()(hidden)))
+        optimizer = tf.keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, model(x, training=True), from_logits=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return model, step
+
+    rng = np.random.default_rng(0)
+    args = (tf.constant(rng.standard_normal([batch, 16, 32]).astype(np.float32)),
+            tf.constant(rng.integers(0, 4, [batch]).astype(np.int32)))
+    model, original = build()
+    losses = [float(original(*args)) for _ in range(steps)]
+    copy, step = build()
+    optimized = optimize(step, budget_mb, sample_inputs=args)
+    optimized_losses = [float(optimized(*args)) for _ in range(steps)]
+    same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.variables, copy.variables))
+    return optimized.plan.measured_peak_bytes is not None, losses == optimized_losses, same_variables

@@ -378,3 +378,12 @@ def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conservin
     assert plan.target_bytes == plan.predicted_peak_after_bytes and plan.measured_peak_bytes == lowest
     with pytest.raises(InfeasibleBudgetError, match="smallest achievable peak"):  # none fits the budget: no plan
         optimize(example.step, 0.9 * lowest / (1 << 20), input_signature=example.input_specs, safety_margin=0.2)
+
+
+@pytest.mark.device
+def test_a_step_with_dropout_draws_what_the_original_draws_after_calibration():
+    # calibration runs the step four times; the caller's first call must still draw the original's first masks
+    run = run_with_budget(optimize_jobs.dropout_equivalence, 32, 512, budget_mb=512)
+    assert run.ok, run.message
+    calibrated, same_losses, same_variables = run.value
+    assert calibrated and same_losses and same_variables
