@@ -186,7 +186,6 @@ def accuracy_command(cases: Optional[Sequence[tuple[str, int]]] = None, *, devic
     from seqmem.examples.accuracy import DEFAULT_CASES, format_table, measure_accuracy
 
     cases = cases or DEFAULT_CASES
-
     with _Stage(f"profiling {len(cases)} built-in steps, each in a fresh {device_mb} MB emulated device"):
         rows = measure_accuracy(cases, budget_mb=device_mb, one_stream=one_stream, reserved_arena=reserved_arena)
     print(format_table(rows))
@@ -306,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
                                                args.compression)
         except ValueError as error:
             parser.error(f"--kinds/--compression: {error}")
-        del args.kinds, args.compression
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter in the child processes
     return args.run(args)
 

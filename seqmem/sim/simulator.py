@@ -25,12 +25,8 @@ Model (that of TensorFlow's executor with a BFC allocator):
   element as the iteration writes it, as a loop bounded to one iteration at a
   time runs; the loop is charged the most that held. Which free chunk a
   request gets, and so the padding the BFC allocator adds, follows from that
-  order (on 31f0b1b, the NMT step with every technique at T = 400, batch 40:
-  399.6 MB predicted with the body placed in pieces before each iteration's
-  elements, 410.6 replayed, 417.4 measured; at T = 50, batch 223, efficient
-  attention, every loop list swapped: 245.7 and 223.5 predicted, 223.7
-  measured; docs/results.md, "Loop iterations replayed through the allocator
-  model").
+  order (docs/results.md, "Loop iterations replayed through the allocator
+  model", measures what replaying changes).
   Without an `Iteration`, the body is placed in 1 MiB pieces before each
   iteration's elements.
 - Parameters, constants, inputs, variables behind resource handles, the

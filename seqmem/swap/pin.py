@@ -11,12 +11,10 @@ they are ready. `sim.schedule.pinned_order` predicts the order that results.
 A function call waits by a control edge even where it already reads the node
 before it: TensorFlow inlines the call, and a data edge then orders only the
 body's nodes that read that input, while the call's control inputs gate every
-input of the body. Measured on the lstm example optimized for 70 MB (its Keras
-LSTMs' backward passes are called functions; 63.9 MB predicted): with only the
-data edge, the backward body's `zeros_like` and first transpose ran before the
-dense layer's weight gradient and the calls peaked at 65.1-70.9 MB; gated,
-calibration measured 63.6-64.4 MB (docs/results.md, "Function calls inlined
-into a pinned step").
+input of the body: with only the data edge, a called backward body's
+`zeros_like` and first transpose can run before the ops planned ahead of the
+call, above the predicted peak (docs/results.md, "Function calls inlined into a
+pinned step").
 
 The node after a loop or a conditional waits for it by a control edge even
 where it reads its output: TensorFlow lowers such a node into its functions'
