@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ _FLOAT_DTYPES = frozenset({"bfloat16", "float16", "float32", "float64"})
 _DIFFERENTIATED = re.compile(r"^(?:.*/)?(?:gradient_tape|gradients(?:_\d+)?)/(?P<op>.+?)(?:_grad)?/[^/]+$")
 _ONE_BITS = {19: 0x3C00, 14: 0x3F80}  # DT_HALF, DT_BFLOAT16: the bit pattern of 1.0
 _CONTENT_FORMATS = {1: "f", 2: "d", 19: "e"}  # DT_FLOAT, DT_DOUBLE, DT_HALF
+_SCORED_SCALARS = 32  # without a seed's hint, how many scalars (those with the most ancestors) are scored
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def analyze_step(graph: Graph, loss: str | TensorRef | None = None) -> StepAnato
             "the graph has no backward pass (no op under a 'gradient_tape/' or 'gradients/' "
             "name scope); pass a training step that computes gradients, or name its loss with loss=..."
         )
-    seeds = gradient_seeds(graph, hints)
+    seeds = _gradient_seeds(graph, hints)
     if seeds:
         backward_all = _backward(graph, seeds, hints)
     else:  # a seed given by the caller (output_gradients): the scope names the backward pass
@@ -97,7 +99,7 @@ def analyze_step(graph: Graph, loss: str | TensorRef | None = None) -> StepAnato
     )
 
 
-def gradient_seeds(graph: Graph, hints: frozenset[str]) -> tuple[str, ...]:
+def _gradient_seeds(graph: Graph, hints: frozenset[str]) -> tuple[str, ...]:
     """Nodes that make a tensor of ones for gradient ops (in `hints`) alone to start from, in node order;
     of those, the ones no other reaches a superset of the graph from (a gradient's own constant one, such
     as the `y - 1` of a power's gradient, reaches part of what the seed reaches)."""
@@ -110,7 +112,7 @@ def gradient_seeds(graph: Graph, hints: frozenset[str]) -> tuple[str, ...]:
                             for j, other in enumerate(ones) if other != name))
 
 
-def _read_only_by(graph: Graph, name: str, readers: frozenset[str]) -> bool:
+def _read_only_by(graph: Graph, name: str, readers: AbstractSet[str]) -> bool:
     consumers = [c for i in range(len(graph.node(name).outputs)) for c in graph.consumers(TensorRef(name, i))]
     return bool(consumers) and all(c in readers for c in consumers)
 
@@ -154,7 +156,7 @@ def _backward(graph: Graph, seeds: tuple[str, ...], hints: frozenset[str]) -> fr
     """What the seeds reach, and the gradient-scope nodes whose outputs only that reads."""
     backward = set(seeds) | graph.descendants(seeds)
     for name in reversed(graph.topological_order()):
-        if name in hints and name not in backward and _read_only_by(graph, name, frozenset(backward)):
+        if name in hints and name not in backward and _read_only_by(graph, name, backward):
             backward.add(name)
     return frozenset(backward)
 
@@ -185,13 +187,18 @@ def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) 
     if not candidates:
         raise NoBackwardPassError("could not find the loss: no floating-point scalar outside the backward pass; "
                                   "name it with loss=..., e.g. loss='Mean:0'")
+    # The loss depends on nearly the whole forward pass: only the scalars with the most ancestors are scored
+    # (a large step holds thousands of others: normalization constants, the optimizer's own scalars).
+    ancestors = {ref: len(graph.ancestors([ref.node])) for ref in candidates}
+    candidates = sorted(candidates, key=ancestors.__getitem__, reverse=True)[:_SCORED_SCALARS]
     # the most of `read` covered, then the fewest ancestors: the loss, not what is computed from it
-    score = {ref: (_covered(graph, ref, read), -len(graph.ancestors([ref.node]))) for ref in candidates}
+    score = {ref: (_covered(graph, ref, read), -ancestors[ref]) for ref in candidates}
     ranked = sorted(candidates, key=score.__getitem__, reverse=True)
     if 2 * score[ranked[0]][0] >= len(read) > 0 and (len(ranked) == 1 or score[ranked[0]] != score[ranked[1]]):
         return ranked[0]
     # the scalar computed from the most of the step; of equals, the last to run
-    guess = max(reversed(candidates), key=lambda ref: -score[ref][1])
+    position = {name: i for i, name in enumerate(graph.topological_order())}
+    guess = max(candidates, key=lambda ref: (ancestors[ref], position[ref.node]))
     _log.warning("seqmem: the loss could not be told apart by what the gradient reads; planning for %s, the "
                  "scalar computed from the most of the step; pass loss=... if it is another", guess)
     return guess
