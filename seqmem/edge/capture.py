@@ -103,22 +103,24 @@ def to_tf_graph(target: Any, input_specs: Sequence[Any] = ()) -> tuple[tf.Graph,
     raise TypeError(f"cannot capture a {type(target).__name__}: expected {_ACCEPTED}")
 
 
-def from_tf(target: Any, input_specs: Sequence[Any] = ()) -> Graph:
+def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Mapping[str, int] = {}) -> Graph:
     """The seqmem `Graph` of `target` (see the module docstring for what is accepted).
 
+    trip_counts: iterations of the graph's own while loops, by node name, for loops whose condition sets no
+    constant bound (`unbounded_loops`; measured by `seqmem.edge.trip_counts`); a constant bound wins.
     Raises TypeError for anything else.
     """
     tf_graph, output_names = to_tf_graph(target, input_specs)
     graph_def = target if isinstance(target, graph_pb2.GraphDef) else tf_graph.as_graph_def()
     variable_bytes = _captured_variable_bytes(tf_graph)
     bodies = FunctionBodies(graph_def.library)
-    sizer = _VariantSizer(bodies)
+    sizer = _VariantSizer(bodies, tf_graph, trip_counts=trip_counts)
     constants = held_constants(tf_graph, bodies)
     folded = folded_ops(tf_graph)
     passed = passed_through_inputs(tf_graph, bodies)
     copying = copying_reads(tf_graph, bodies)
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
-    sizer = _VariantSizer(bodies, tf_graph, shapes)
+    sizer = _VariantSizer(bodies, tf_graph, shapes, trip_counts)
     nodes = []
     for node_def in graph_def.node:
         op = tf_graph.get_operation_by_name(node_def.name)
@@ -235,11 +237,14 @@ class _VariantSizer:
     """Sizes TensorList variants by following them back to where the list was made."""
 
     def __init__(self, bodies: FunctionBodies, graph: Optional[tf.Graph] = None,
-                 shapes: Optional[Mapping[str, tf.TensorShape]] = None) -> None:
-        """shapes: refined static shapes of `graph`'s tensors, by name (`stacked_shapes`)."""
+                 shapes: Optional[Mapping[str, tf.TensorShape]] = None,
+                 trip_counts: Mapping[str, int] = {}) -> None:
+        """shapes: refined static shapes of `graph`'s tensors, by name (`stacked_shapes`); trip_counts: as
+        `from_tf`'s, for `graph`'s loops."""
         self._bodies = bodies
         self._graph = graph
         self._shapes = shapes or {}
+        self._trip_counts = trip_counts
         self._sharing: dict[str, frozenset[int]] = {}  # `_lists_sharing_elements`, by loop
 
     def _shape(self, tensor: tf.Tensor) -> tf.TensorShape:
@@ -352,27 +357,12 @@ class _VariantSizer:
         return self._sharing[loop.name]
 
     def _trip_count(self, loop: tf.Operation) -> int | None:
-        """Iterations of a While loop whose condition compares a counter with a constant.
-
-        The smallest bound `c` of a `Less(x, c)` (or `c + 1` of `LessEqual`) in the
-        condition, where `c` is a constant in the condition or a constant loop input.
-        """
-        cond = self._bodies.get(loop.get_attr("cond").name)
-        if cond is None:
-            return None
-        arguments = [t.op for t in cond.inputs]
-        bounds = []
-        for op in cond.get_operations():
-            if op.type not in ("Less", "LessEqual"):
-                continue
-            limit = op.inputs[1]
-            value = _static_value(limit)
-            if value is None and limit.op in arguments:
-                position = arguments.index(limit.op)
-                value = _static_value(loop.inputs[position]) if position < len(loop.inputs) else None
-            if value is not None and np.ndim(value) == 0 and int(value) >= 0:
-                bounds.append(int(value) + (op.type == "LessEqual"))
-        return min(bounds) if bounds else None
+        """Iterations of a While loop: its constant bound (`constant_trip_count`), else the trip count given
+        for a loop of the graph itself (`from_tf`'s `trip_counts`)."""
+        bound = constant_trip_count(loop, self._bodies)
+        if bound is None and loop.graph is self._graph:
+            return self._trip_counts.get(loop.name)
+        return bound
 
     @staticmethod
     def _list_bytes(op: tf.Operation, trip_count: int | None, written: tf.TensorShape) -> tuple[int, int] | None:
@@ -396,6 +386,44 @@ class _VariantSizer:
             return None
         element_bytes = static_bytes(op.get_attr("element_dtype"), shape.merge_with(written))
         return None if element_bytes is None else (count * element_bytes, element_bytes)
+
+
+def constant_trip_count(loop: tf.Operation, bodies: FunctionBodies) -> int | None:
+    """Iterations of a While loop whose condition compares a counter with a constant: the smallest bound
+    `c` of a `Less(x, c)` (or `c + 1` of `LessEqual`) in the condition, where `c` is a constant in the
+    condition or a constant loop input; None when there is none (a loop that runs until its data says so,
+    as a tfa decoder without `maximum_iterations`)."""
+    cond = bodies.get(loop.get_attr("cond").name)
+    if cond is None:
+        return None
+    arguments = [t.op for t in cond.inputs]
+    bounds = []
+    for op in cond.get_operations():
+        if op.type not in ("Less", "LessEqual"):
+            continue
+        limit = op.inputs[1]
+        value = _static_value(limit)
+        if value is None and limit.op in arguments:
+            position = arguments.index(limit.op)
+            value = _static_value(loop.inputs[position]) if position < len(loop.inputs) else None
+        if value is not None and np.ndim(value) == 0 and int(value) >= 0:
+            bounds.append(int(value) + (op.type == "LessEqual"))
+    return min(bounds) if bounds else None
+
+
+def unbounded_loops(function: ConcreteFunction) -> list[str]:
+    """The forward while loops of `function`'s own graph (not of its bodies) without a constant trip count.
+    A gradient loop (one whose body pops a list: the activations its forward loop saved) is left out: it
+    runs as many iterations as its forward loop pushed, and the lists it leaves are empty."""
+    graph = function.graph
+    bodies = FunctionBodies(graph.as_graph_def().library)
+
+    def pops(loop: tf.Operation) -> bool:
+        body = bodies.get(loop.get_attr("body").name)
+        return body is not None and any(op.type == "TensorListPopBack" for op in body.get_operations())
+
+    return [op.name for op in graph.get_operations()
+            if op.type in FUNCTIONAL_LOOP_OPS and constant_trip_count(op, bodies) is None and not pops(op)]
 
 
 def _element_buffer(body: tf.Graph, value: tf.Tensor) -> str:

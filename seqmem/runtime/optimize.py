@@ -98,9 +98,11 @@ def optimize(
     (an arena fragmented by other work, an executor's varying order): when it
     did so before any variable update ran, the step plans for 10% less, once,
     logs one line and runs the call again (see `OptimizedStep`).
-    sample_inputs: the step's arguments to calibrate with (default: synthetic,
-    see `seqmem.runtime.measure.inputs_like`); pass real ones when the step
-    checks its inputs' values.
+    sample_inputs: the step's arguments to calibrate with, and to count the
+    iterations of its while loops whose trip count depends on data (a decoder
+    run until its sequences end: `seqmem.edge.trip_counts`) (default:
+    synthetic, see `seqmem.runtime.measure.inputs_like`); pass real ones when
+    the step checks its inputs' values or its loops run as long as they say.
     pin_order: when the step runs on one compute stream (one inter-op thread,
     as on the emulated device), pin it with control edges (`seqmem.swap.pin`)
     to its schedule or to its own order, whichever peaks lower, also when it
@@ -146,7 +148,8 @@ def optimize(
     original = target if not isinstance(target, capture.ConcreteFunction) else function
     measuring = device.measuring_device_present()
     calibrating = calibrate and measuring
-    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring)
+    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring,
+                                sample_inputs=_loop_inputs(function, sample_inputs, measuring))
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, options,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
@@ -167,6 +170,14 @@ def optimize(
         step = build_step(analysis, plan, backend, function, original)
     step.replan = functools.partial(_plan_for_less, planner, measured=None)
     return step
+
+
+def _loop_inputs(function: capture.ConcreteFunction, sample_inputs: Any, measuring: bool) -> Any:
+    """The arguments to count the step's data-dependent loops on (`analyze_function`): `sample_inputs`, or
+    on a measuring device synthetic ones where the step has such loops; else None."""
+    if sample_inputs is not None or not measuring or not capture.unbounded_loops(function):
+        return sample_inputs
+    return inputs_like(function.structured_input_signature[0])
 
 
 def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:

@@ -25,6 +25,7 @@ from seqmem.edge.library import nodes_running, variable_writers
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
 from seqmem.edge.pinned_bodies import pin_loop_bodies
+from seqmem.edge.runner import IMPORT_SCOPE, graph_def_runner
 from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.errors import InfeasibleBudgetError
@@ -33,13 +34,12 @@ from seqmem.swap.plan import SwapPlan
 from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
 from seqmem.units import MIB
 
-__all__ = ["OptimizedStep", "build_step", "graph_def_runner"]
+__all__ = ["OptimizedStep", "build_step"]
 
 # a swap-in's ParseTensor, in the step (`seqmem.swap.rewrite`) or in a loop body (`seqmem.edge.loop_swap`)
 _PARSE_FAILED = re.compile(r"Cannot parse tensor from proto:.*\[\[\{\{node ([^}]*(?:"
                            + SWAP_SCOPE + r"/[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
 _FAILED_NODE = re.compile(r"\[\[(?:\{\{node )?([^\]{}]+)(?:\}\})?\]\]")  # [[{{node a}}]], [[a]]: the node, its callers
-_IMPORT_SCOPE = "seqmem"  # `graph_def_runner` imports the rewritten graph under this name
 
 _log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _failed_in_graph(graph_def: graph_pb2.GraphDef, failed: list[str]) -> Option
 def _failed_nodes(message: str) -> list[str]:
     """The nodes a TensorFlow error message names (the failed one first, then the calls it ran in), as named
     in the step's graph."""
-    return [name.removeprefix(f"{_IMPORT_SCOPE}/") for name in _FAILED_NODE.findall(message)]
+    return [name.removeprefix(f"{IMPORT_SCOPE}/") for name in _FAILED_NODE.findall(message)]
 
 
 def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
@@ -189,23 +189,3 @@ def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
     if plan.loop_parallel_iterations == 1:
         graph_def = pin_loop_bodies(graph_def, variable_shapes(analysis.graph))
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)
-
-
-def graph_def_runner(function: capture.ConcreteFunction, graph_def: graph_pb2.GraphDef):
-    """A callable running `graph_def` (`function`'s graph, rewritten) with `function`'s flat inputs, its
-    captures (variables) mapped in; it returns the flat outputs."""
-    captured = list(function.captured_inputs)
-    placeholders = function.graph.inputs
-    user_inputs = placeholders[: len(placeholders) - len(captured)]
-    capture_names = [t.name for t in placeholders[len(user_inputs):]]
-    output_names = [t.name for t in function.graph.outputs]
-
-    def body(*args):
-        input_map = {t.name: arg for t, arg in zip(user_inputs, args)}
-        graph = tf.compat.v1.get_default_graph()  # the wrap_function's FuncGraph
-        input_map.update({name: graph.capture(value) for name, value in zip(capture_names, captured)})
-        return tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=output_names,
-                                              name=_IMPORT_SCOPE)
-
-    signature = [tf.TensorSpec(t.shape, t.dtype) for t in user_inputs]
-    return tf.compat.v1.wrap_function(body, signature)

@@ -16,6 +16,7 @@ from seqmem.gc_pause import gc_paused
 from seqmem.edge.bodies import body_memory, handed_over
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
+from seqmem.edge.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
@@ -33,15 +34,21 @@ def analyze_function(
     machine: MachineModel = MachineModel(),
     op_time_s: Optional[Mapping[str, float]] = None,
     measure_scratch: bool = False,
+    sample_inputs: Any = None,
 ) -> StepAnalysis:
     """Analyze the training step `function` (a ConcreteFunction, or any target `capture.from_tf` takes).
 
     op_time_s: measured seconds per node (from `edge.op_trace.trace_op_times`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.
+    sample_inputs: the arguments of a ConcreteFunction `function`, to count the iterations of its while loops
+    whose trip count depends on data (`seqmem.edge.trip_counts`; those loops' lists are unsized without).
     The analysis lists the loop accumulators a plan may swap (`seqmem.edge.loop_swap`).
     """
+    trip_counts = {}
+    if sample_inputs is not None and isinstance(function, capture.ConcreteFunction):
+        trip_counts = measured_trip_counts(function, sample_inputs)
     with gc_paused():  # capture builds many objects around a large graph
-        graph = capture.from_tf(function)
+        graph = capture.from_tf(function, trip_counts=trip_counts)
     in_use_before = _in_use_bytes()  # after the capture, whose tracing may create variables (optimizer slots)
     measured = None
     if measure_scratch:

@@ -4,7 +4,7 @@ check that a rewritten graph of it trains exactly as the step does."""
 import numpy as np
 import tensorflow as tf
 
-from seqmem.runtime.optimized_step import graph_def_runner
+from seqmem.edge.runner import graph_def_runner
 
 
 def rnn_step():

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from seqmem.edge.gates import gate_loops
-from seqmem.runtime.optimized_step import graph_def_runner
+from seqmem.edge.runner import graph_def_runner
 
 
 def _step():

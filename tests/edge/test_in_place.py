@@ -8,7 +8,7 @@ from seqmem.edge.in_place import (COPY_ON_READ_OFF_BEFORE_SUFFIX, COPY_ON_READ_O
                                     assign_in_place)
 from seqmem.ir.graph import TensorInfo, TensorRef
 from seqmem.runtime.measure import _copies_on_read
-from seqmem.runtime.optimized_step import graph_def_runner
+from seqmem.edge.runner import graph_def_runner
 from tests.builders import graph, node
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from seqmem.edge.unpacked_splits import unpack_splits
-from seqmem.runtime.optimized_step import graph_def_runner
+from seqmem.edge.runner import graph_def_runner
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 

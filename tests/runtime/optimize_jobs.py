@@ -209,9 +209,9 @@ def later_oom(name, batch, budget_mb, arena_mb, steps=2):
 
 
 def dropout_equivalence(batch, budget_mb, steps=3):
-    """A Keras model with `Dropout` and `MultiHeadAttention(dropout=...)`, optimized with calibration for
-    `budget_mb` vs the original, same initial weights, each step's first call from a fresh function: (the
-    plan measured a peak, losses equal, variables equal)."""
+    """A Keras model with `Dropout`, `MultiHeadAttention(dropout=...)` and noise from a `tf.random.Generator`,
+    optimized with calibration for `budget_mb` vs the original, same initial weights, each step's first call
+    from a fresh function: (the plan measured a peak, losses equal, variables and generator states equal)."""
     import tensorflow as tf
 
     from seqmem.runtime.optimize import optimize
@@ -226,24 +226,27 @@ def dropout_equivalence(batch, budget_mb, steps=3):
         model = tf.keras.Model(tokens, tf.keras.layers.Dense(4)(tf.keras.layers.GlobalAveragePooling1D()(hidden)))
         optimizer = tf.keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
+        noise = tf.random.Generator.from_seed(1)
 
         @tf.function
         def step(x, y):
             with tf.GradientTape() as tape:
+                noisy = x + 0.1 * noise.normal(tf.shape(x))
                 loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                    y, model(x, training=True), from_logits=True))
+                    y, model(noisy, training=True), from_logits=True))
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             return loss
 
-        return model, step
+        return model, noise, step
 
     rng = np.random.default_rng(0)
     args = (tf.constant(rng.standard_normal([batch, 16, 32]).astype(np.float32)),
             tf.constant(rng.integers(0, 4, [batch]).astype(np.int32)))
-    model, original = build()
+    model, noise, original = build()
     losses = [float(original(*args)) for _ in range(steps)]
-    copy, step = build()
+    copy, copy_noise, step = build()
     optimized = optimize(step, budget_mb, sample_inputs=args)
     optimized_losses = [float(optimized(*args)) for _ in range(steps)]
-    same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.variables, copy.variables))
+    same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in
+                         zip(model.variables + [noise.state], copy.variables + [copy_noise.state]))
     return optimized.plan.measured_peak_bytes is not None, losses == optimized_losses, same_variables

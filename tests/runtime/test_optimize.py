@@ -381,7 +381,7 @@ def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conservin
 
 
 @pytest.mark.device
-def test_a_step_with_dropout_draws_what_the_original_draws_after_calibration():
+def test_a_step_with_dropout_and_a_generator_draws_what_the_original_draws_after_calibration():
     # calibration runs the step four times; the caller's first call must still draw the original's first masks
     run = run_with_budget(optimize_jobs.dropout_equivalence, 32, 512, budget_mb=512)
     assert run.ok, run.message

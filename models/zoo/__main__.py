@@ -1,0 +1,150 @@
+"""The zoo: seqmem on training steps the project did not write, each optimized to a share of its own peak.
+
+Per model (`models.zoo.steps.STEPS`), on the emulated device with one stream
+and op determinism, each job in a fresh process:
+
+1. the original step trains `--steps` calls in an arena of --arena-mb: its
+   measured peak, seqmem's prediction of it, the loss seqmem finds, its losses
+   and final variables;
+2. the budget is `--fraction` of that measured peak (MiB, rounded down), and in
+   each of `--runs` fresh processes whose arena is the budget itself,
+   `seqmem.optimize(step, budget)` is called and the step it returns trains the
+   same calls: within the budget when no call ran out of memory and every
+   call's peak is at most the budget; bit for bit when its losses and final
+   variables equal the original's.
+
+    python -m models.zoo                    # every step, 3 optimized runs each
+    python -m models.zoo --quick            # the quick subset at smaller batches, 1 run each
+    python -m models.zoo --models resnet50,tfa_luong --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any
+
+from seqmem.files import write_json, write_text
+from seqmem.runtime.device import run_with_budget
+from seqmem.units import MIB
+
+from models.zoo import jobs
+from models.zoo.steps import STEPS
+
+_ARENA_MB = 4096  # the original's arena: room for any zoo step as written
+_TIMEOUT_S = 900.0
+_STALL_S = 2.0  # the steps run on inputs in memory: idle this long, a call waits on a full arena (an OOM)
+
+
+def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB) -> dict:
+    """Both jobs for one zoo model: {"original": its result or verdict, "budget_mb", "optimized": [each run's
+    result or verdict]}. A verdict is {"verdict": ..., "message": ...}."""
+    original = _value(run_with_budget(jobs.original, name, batch, steps, budget_mb=arena_mb, timeout_s=_TIMEOUT_S,
+                                      stall_s=_STALL_S))
+    row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
+    if "verdict" in original:
+        return row
+    budget_mb = math.floor(fraction * original["peak_bytes"] / MIB)
+    row["budget_mb"] = budget_mb
+    row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, budget_mb=budget_mb,
+                                               timeout_s=_TIMEOUT_S, stall_s=_STALL_S)) for _ in range(runs)]
+    return row
+
+
+def _value(run) -> dict:
+    return run.value if run.ok else {"verdict": run.verdict, "message": run.message[-600:]}
+
+
+def verdicts(row: dict) -> dict[str, Any]:
+    """What a row shows: loss found correctly (original and every run), runs within the budget, runs bit
+    for bit, and the prediction errors (measured / predicted - 1) of the original and of each run."""
+    original, runs = row["original"], row.get("optimized", [])
+    budget = row.get("budget_mb", 0) * MIB
+    trained = [run for run in runs if "losses" in run]
+    return {
+        "loss_correct": bool(original.get("loss_correct")) and all(run.get("loss_correct") for run in trained),
+        "within_budget": sum(run["peak_bytes"] <= budget for run in trained),
+        "bit_for_bit": sum(run["losses"] == original.get("losses") and run["digest"] == original.get("digest")
+                           for run in trained),
+        "original_error": _error(original),
+        "optimized_errors": [_error(run) for run in trained],
+    }
+
+
+def _error(result: dict) -> float | None:
+    """Predicted / measured - 1: how far seqmem's prediction of the peak is from what was measured."""
+    if "peak_bytes" not in result:
+        return None
+    return result["predicted_peak_bytes"] / result["peak_bytes"] - 1
+
+
+def markdown(rows: list[dict], runs: int) -> str:
+    """The zoo's table: one row per model."""
+    lines = ["| model | family | batch | loss found | original MB: measured (predicted) | budget MB | "
+             f"optimized MB: measured (predicted), of {runs} | within budget | bit for bit | decisions | "
+             "optimize s | step time vs original |",
+             "|---|---|---:|---|---|---:|---|---|---|---:|---:|---:|"]
+    for row in rows:
+        lines.append(_markdown_row(row, runs))
+    return "\n".join(lines)
+
+
+def _markdown_row(row: dict, runs: int) -> str:
+    original = row["original"]
+    head = f"| {row['model']} | {row['family']} | {row['batch']} |"
+    if "verdict" in original:
+        return f"{head} original: {original['verdict']} | | | | | | | | |"
+    shown = verdicts(row)
+    trained = [run for run in row["optimized"] if "losses" in run]
+    failed = [run for run in row["optimized"] if "losses" not in run]
+    loss = f"{original['loss']} ({'yes' if shown['loss_correct'] else 'NO'})"
+    measured = " / ".join(f"{run['peak_bytes'] / MIB:.1f} ({run['predicted_peak_bytes'] / MIB:.1f})" for run in trained)
+    measured += "".join(f"; {_failure(run)}" for run in failed)
+    decisions = "/".join(sorted({f"{run['decisions']}+{run['loop_swaps']}" for run in trained})) or "-"
+    optimize_s = "/".join(f"{run['optimize_s']:.0f}" for run in row["optimized"] if "optimize_s" in run) or "-"
+    speed = "/".join(f"{original['step_s'] / run['step_s']:.2f}x" for run in trained) or "-"
+    return (f"{head} {loss} | {original['peak_bytes'] / MIB:.1f} ({original['predicted_peak_bytes'] / MIB:.1f}) | "
+            f"{row['budget_mb']} | {measured} | {shown['within_budget']}/{runs} | {shown['bit_for_bit']}/{runs} | "
+            f"{decisions} | {optimize_s} | {speed} |")
+
+
+def _failure(run: dict) -> str:
+    if "infeasible" in run:
+        return f"infeasible: {run['infeasible'][:160]}"
+    return f"{run['verdict']}: {run['message'].strip().splitlines()[-1][:160] if run['message'].strip() else ''}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the quick subset at its smaller batches, 1 run each")
+    parser.add_argument("--models", help="comma-separated names (default: every step, or the quick subset)")
+    parser.add_argument("--fraction", type=float, default=0.7, help="the budget, a share of the original's peak")
+    parser.add_argument("--runs", type=int, help="optimized runs per model, each a fresh process (default 3; 1 quick)")
+    parser.add_argument("--steps", type=int, default=3, help="training calls per run")
+    parser.add_argument("--out", default="zoo-output", help="folder for zoo.json and zoo.md")
+    args = parser.parse_args(argv)
+    if not 0 < args.fraction <= 1:
+        parser.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    names = args.models.split(",") if args.models else [n for n, m in STEPS.items() if m.quick_batch or not args.quick]
+    unknown = [name for name in names if name not in STEPS]
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; the zoo has {', '.join(STEPS)}")
+    runs = args.runs or (1 if args.quick else 3)
+    rows = []
+    for name in names:
+        model = STEPS[name]
+        batch = model.quick_batch if args.quick and model.quick_batch else model.batch
+        rows.append(run_model(name, batch, args.fraction, runs, args.steps))
+        print(_markdown_row(rows[-1], runs), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    write_json({"args": vars(args), "rows": rows}, os.path.join(args.out, "zoo.json"))
+    table = markdown(rows, runs)
+    write_text(table + "\n", os.path.join(args.out, "zoo.md"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

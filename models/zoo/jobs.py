@@ -1,0 +1,105 @@
+"""The zoo's two jobs, each run in a fresh emulated-device process (`seqmem.runtime.device.run_with_budget`).
+
+`original` trains a zoo step as it is written; `optimized` trains it through
+`seqmem.optimize` for a budget. Both run with op determinism, build the step
+from the same seeds, and train `steps` calls on the same inputs, so that their
+losses and final variables can be compared bit for bit across processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Any
+
+__all__ = ["original", "optimized"]
+
+
+def original(name: str, batch: int, steps: int) -> dict[str, Any]:
+    """Train zoo step `name` at `batch` as written: its losses, the digest of its variables afterwards, the
+    highest measured peak (bytes) of the calls, seqmem's predicted peak of one call (kernels' scratch
+    measured, as `optimize` does) and the loss seqmem finds in it, and the median seconds of the calls
+    after the first."""
+    import tensorflow as tf
+
+    from seqmem.runtime import device
+    from seqmem.runtime.step_analysis import analyze_function
+    from seqmem.sim.simulator import simulate
+
+    built = _built(name, batch)
+    function = built.step.get_concrete_function(*built.inputs)
+    analysis = analyze_function(function, measure_scratch=True, sample_inputs=built.inputs)
+    predicted = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
+    del function
+    trained = _trained(built, steps, device)
+    return {**trained, "predicted_peak_bytes": predicted, **_loss_found(analysis),
+            "tensorflow": tf.__version__}
+
+
+def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:
+    """Train zoo step `name` at `batch` through `seqmem.optimize(step, budget_mb, sample_inputs=...)`:
+    `original`'s fields (the plan's predicted peak), plus the plan's decisions and loop swaps and the
+    seconds `optimize` took. A budget no plan fits gives {"infeasible": the error's message,
+    "smallest_peak_bytes": ..., "optimize_s": ...}."""
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime import device
+    from seqmem.runtime.optimize import optimize
+
+    built = _built(name, batch)
+    started = time.perf_counter()
+    try:
+        step = optimize(built.step, budget_mb, sample_inputs=built.inputs)
+    except InfeasibleBudgetError as error:
+        return {"infeasible": str(error)[:600], "smallest_peak_bytes": error.smallest_peak_bytes,
+                "optimize_s": time.perf_counter() - started}
+    optimize_s = time.perf_counter() - started
+    plan = step.plan
+    trained = _trained(dataclasses.replace(built, step=step), steps, device)
+    return {**trained, "predicted_peak_bytes": plan.predicted_peak_after_bytes, **_loss_found(step.analysis),
+            "decisions": len(plan.decisions), "loop_swaps": len(plan.loop_swaps), "optimize_s": optimize_s}
+
+
+def _built(name: str, batch: int):
+    import tensorflow as tf
+
+    from models.zoo.steps import STEPS
+
+    tf.config.experimental.enable_op_determinism()
+    return STEPS[name].build(batch)
+
+
+def _trained(built, steps: int, device) -> dict[str, Any]:
+    """Call the step `steps` times: losses, peaks (bytes, each call's), seconds per call, digest after."""
+    losses, peaks, seconds = [], [], []
+    for _ in range(steps):
+        device.reset_peak()
+        started = time.perf_counter()
+        losses.append(float(built.step(*built.inputs)))
+        seconds.append(time.perf_counter() - started)
+        peaks.append(device.memory_stats().peak_bytes)
+    later = sorted(seconds[1:]) or seconds
+    return {"losses": losses, "digest": _digest(built.variables), "peak_bytes": max(peaks), "peaks": peaks,
+            "step_s": later[len(later) // 2]}
+
+
+def _digest(variables) -> str:
+    """SHA-256 of every variable's bytes, in order: equal digests, bit-for-bit equal variables."""
+    digest = hashlib.sha256()
+    for variable in variables:
+        digest.update(variable.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _loss_found(analysis) -> dict[str, Any]:
+    """The loss seqmem found, and whether it is the tensor the step returns or that tensor scaled (an op
+    that reads it directly, as `LossScaleOptimizer.get_scaled_loss` multiplies it)."""
+    graph = analysis.graph
+    (returned,) = graph.outputs  # every zoo step returns its loss alone
+    node = graph.node(returned.node)
+    while node.op == "Identity":
+        returned = node.inputs[0]
+        node = graph.node(returned.node)
+    found = analysis.anatomy.loss
+    correct = found == returned or returned in graph.node(found.node).inputs
+    return {"loss": f"{found.node}:{found.index}", "loss_correct": correct}
