@@ -101,7 +101,10 @@ def _markdown_row(row: dict, runs: int) -> str:
     failed = [run for run in row["optimized"] if "losses" not in run]
     loss = f"{original['loss']} ({'yes' if shown['loss_correct'] else 'NO'})"
     measured = " / ".join(f"{run['peak_bytes'] / MIB:.1f} ({run['predicted_peak_bytes'] / MIB:.1f})" for run in trained)
-    measured += "".join(f"; {_failure(run)}" for run in failed)
+    failures = [_failure(run) for run in failed]
+    shown_failures = [text if failures.count(text) == 1 else f"{text} ({failures.count(text)}x)"
+                      for text in dict.fromkeys(failures)]
+    measured = "; ".join([measured] * bool(measured) + shown_failures)
     decisions = "/".join(sorted({f"{run['decisions']}+{run['loop_swaps']}" for run in trained})) or "-"
     optimize_s = "/".join(f"{run['optimize_s']:.0f}" for run in row["optimized"] if "optimize_s" in run) or "-"
     speed = "/".join(f"{original['step_s'] / run['step_s']:.2f}x" for run in trained) or "-"
@@ -111,9 +114,12 @@ def _markdown_row(row: dict, runs: int) -> str:
 
 
 def _failure(run: dict) -> str:
+    """A failed run in a few words: the InfeasibleBudgetError's first clause (the floor and the op that sets
+    it), or the verdict and the last line of its message."""
     if "infeasible" in run:
-        return f"infeasible: {run['infeasible'][:160]}"
-    return f"{run['verdict']}: {run['message'].strip().splitlines()[-1][:160] if run['message'].strip() else ''}"
+        return "infeasible: " + run["infeasible"].split("; budget was")[0][:200]
+    lines = run["message"].strip().splitlines()
+    return f"{run['verdict']}: {lines[-1][:160] if lines else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:

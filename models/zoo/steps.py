@@ -331,10 +331,10 @@ _RECURRENT = "recurrent (Keras)"
 
 STEPS: dict[str, ZooModel] = {
     "mobilenet_v2": ZooModel(_CNN, _keras_application(_apps.MobileNetV2, 32), 64),
-    "resnet50": ZooModel(_CNN, _keras_application(_apps.ResNet50, 32), 32),
+    "resnet50": ZooModel(_CNN, _keras_application(_apps.ResNet50, 32), 96),
     "densenet121": ZooModel(_CNN, _keras_application(_apps.DenseNet121, 32), 32),
     "efficientnet_b0": ZooModel(_CNN, _keras_application(_apps.EfficientNetB0, 32), 32),
-    "inception_v3": ZooModel(_CNN, _keras_application(_apps.InceptionV3, 75), 16),
+    "inception_v3": ZooModel(_CNN, _keras_application(_apps.InceptionV3, 75), 48),
     "xception": ZooModel(_CNN, _keras_application(_apps.Xception, 71), 16),
     "resnet50_mixed_precision": ZooModel("mixed precision", mixed_precision_resnet50, 32),
     "cnn_clipped_cond": ZooModel("custom loop (clipping, tf.cond)", clipped_conditional_cnn, 64),

@@ -33,6 +33,11 @@ __all__ = ["measure_scratch_bytes"]
 _log = logging.getLogger(__name__)
 _MIN_TENSOR_BYTES = 256 << 10
 _WARM_ARENA_BYTES = 256 << 20
+# The least arena a fresh process probes in. A kernel's scratch is the kernel's, not the arena's; in an arena
+# not much larger than a probe's buffers, BFC hands a temporary a whole free chunk less than twice its size,
+# and the probe would count that chunk, not what the kernel asked for. The simulator's allocator model rounds
+# to chunks for the step's own arena.
+_PROBE_ARENA_MB = 1024
 
 
 def measure_scratch_bytes(graph: Graph, names: Iterable[str] | None = None, *, fresh_process: bool = True
@@ -43,7 +48,8 @@ def measure_scratch_bytes(graph: Graph, names: Iterable[str] | None = None, *, f
     tensor of at least 256 KiB are probed. fresh_process: on the emulated
     device, run the probes in a fresh process whose arena holds nothing else
     (chunks left free by earlier work would otherwise be handed out whole and
-    inflate the figures); False probes in this process.
+    inflate the figures), of the budget's size or `_PROBE_ARENA_MB`, whichever
+    is larger; False probes in this process.
     Needs a measuring device; raises RuntimeError otherwise.
     """
     device.memory_stats()  # raises when there is nothing to measure
@@ -51,7 +57,7 @@ def measure_scratch_bytes(graph: Graph, names: Iterable[str] | None = None, *, f
     names = list(names) if names is not None else None
     if budget_mb is None or not fresh_process:
         return _measure_here(graph, names)
-    run = device.run_with_budget(_measure_here, graph, names, budget_mb=budget_mb)
+    run = device.run_with_budget(_measure_here, graph, names, budget_mb=max(budget_mb, _PROBE_ARENA_MB))
     if not run.ok:
         raise RuntimeError(f"measuring scratch memory failed ({run.verdict}): {run.message}")
     return run.value
