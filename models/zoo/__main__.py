@@ -122,13 +122,20 @@ def _failure(run: dict) -> str:
     return f"{run['verdict']}: {lines[-1][:160] if lines else ''}"
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the quick subset at its smaller batches, 1 run each")
     parser.add_argument("--models", help="comma-separated names (default: every step, or the quick subset)")
     parser.add_argument("--fraction", type=float, default=0.7, help="the budget, a share of the original's peak")
-    parser.add_argument("--runs", type=int, help="optimized runs per model, each a fresh process (default 3; 1 quick)")
-    parser.add_argument("--steps", type=int, default=3, help="training calls per run")
+    parser.add_argument("--runs", type=_positive_int,
+                        help="optimized runs per model, each a fresh process (default 3; 1 quick)")
+    parser.add_argument("--steps", type=_positive_int, default=3, help="training calls per run")
     parser.add_argument("--out", default="zoo-output", help="folder for zoo.json and zoo.md")
     args = parser.parse_args(argv)
     if not 0 < args.fraction <= 1:

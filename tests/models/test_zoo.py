@@ -25,10 +25,14 @@ def test_the_table_shows_a_failed_run_and_a_floor():
     assert "| 0/2 | 0/2 |" in line
 
 
-def test_unknown_models_are_refused(capsys):
+@pytest.mark.parametrize("argv, named", [(["--models", "resnet50,no_such_model"], "no_such_model"),
+                                         (["--runs", "0"], "--runs"), (["--steps", "-1"], "--steps"),
+                                         (["--fraction", "1.5"], "--fraction")])
+def test_bad_arguments_are_refused_before_anything_runs(argv, named, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        zoo.main(["--models", "resnet50,no_such_model"])
-    assert "no_such_model" in capsys.readouterr().err
+        zoo.main(argv + ["--out", str(tmp_path / "zoo")])
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "zoo").exists()
 
 
 @pytest.mark.device
