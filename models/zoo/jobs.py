@@ -21,20 +21,15 @@ def original(name: str, batch: int, steps: int) -> dict[str, Any]:
     highest measured peak (bytes) of the calls, seqmem's predicted peak of one call (kernels' scratch
     measured, as `optimize` does) and the loss seqmem finds in it, and the median seconds of the calls
     after the first."""
-    import tensorflow as tf
-
     from seqmem.runtime import device
     from seqmem.runtime.step_analysis import analyze_function
     from seqmem.sim.simulator import simulate
 
     built = _built(name, batch)
     function = built.step.get_concrete_function(*built.inputs)
-    analysis = analyze_function(function, measure_scratch=True, sample_inputs=built.inputs)
+    analysis = analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
     predicted = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
-    del function
-    trained = _trained(built, steps, device)
-    return {**trained, "predicted_peak_bytes": predicted, **_loss_found(analysis),
-            "tensorflow": tf.__version__}
+    return {**_trained(built, steps, device), "predicted_peak_bytes": predicted, **_loss_found(analysis)}
 
 
 def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:

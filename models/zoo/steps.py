@@ -140,7 +140,7 @@ def _tokens(batch: int, *lengths: int) -> list[np.ndarray]:
 
 def _sequence_loss(model, *batch):
     *inputs, targets = batch
-    logits = model(*inputs, training=True) if len(inputs) > 1 else model(inputs[0], training=True)
+    logits = model(*inputs, training=True)
     return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
 
 
@@ -153,9 +153,9 @@ class _Seq2seq(tf.keras.Model):
         self.embed = tf.keras.layers.Embedding(VOCAB, UNITS)
         self.encoder = tf.keras.layers.LSTM(UNITS, return_sequences=True, return_state=True)
         self.attention = attention(UNITS)
-        self.cell = tfa_seq2seq().AttentionWrapper(tf.keras.layers.LSTMCell(UNITS), self.attention,
+        self.cell = _tfa_seq2seq().AttentionWrapper(tf.keras.layers.LSTMCell(UNITS), self.attention,
                                                    attention_layer_size=UNITS)
-        self.decoder = tfa_seq2seq().BasicDecoder(self.cell, tfa_seq2seq().TrainingSampler(),
+        self.decoder = _tfa_seq2seq().BasicDecoder(self.cell, _tfa_seq2seq().TrainingSampler(),
                                                   output_layer=tf.keras.layers.Dense(VOCAB))
 
     def call(self, source, target_in, training=None):
@@ -167,7 +167,7 @@ class _Seq2seq(tf.keras.Model):
         return outputs.rnn_output
 
 
-def tfa_seq2seq():
+def _tfa_seq2seq():
     import tensorflow_addons as tfa
 
     return tfa.seq2seq
@@ -176,7 +176,7 @@ def tfa_seq2seq():
 def _tfa_attention(name: str) -> Callable[[int], ZooStep]:
     def build(batch: int) -> ZooStep:
         tf.keras.utils.set_random_seed(0)
-        model = _Seq2seq(getattr(tfa_seq2seq(), name), batch)
+        model = _Seq2seq(getattr(_tfa_seq2seq(), name), batch)
         tokens = _tokens(batch, T, T, T)
         model(*tokens[:2])  # a subclassed model makes its variables on its first call
         optimizer = tf.keras.optimizers.Adam(1e-3)

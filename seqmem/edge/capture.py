@@ -103,7 +103,7 @@ def to_tf_graph(target: Any, input_specs: Sequence[Any] = ()) -> tuple[tf.Graph,
     raise TypeError(f"cannot capture a {type(target).__name__}: expected {_ACCEPTED}")
 
 
-def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Mapping[str, int] = {}) -> Graph:
+def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[Mapping[str, int]] = None) -> Graph:
     """The seqmem `Graph` of `target` (see the module docstring for what is accepted).
 
     trip_counts: iterations of the graph's own while loops, by node name, for loops whose condition sets no
@@ -238,13 +238,13 @@ class _VariantSizer:
 
     def __init__(self, bodies: FunctionBodies, graph: Optional[tf.Graph] = None,
                  shapes: Optional[Mapping[str, tf.TensorShape]] = None,
-                 trip_counts: Mapping[str, int] = {}) -> None:
+                 trip_counts: Optional[Mapping[str, int]] = None) -> None:
         """shapes: refined static shapes of `graph`'s tensors, by name (`stacked_shapes`); trip_counts: as
         `from_tf`'s, for `graph`'s loops."""
         self._bodies = bodies
         self._graph = graph
         self._shapes = shapes or {}
-        self._trip_counts = trip_counts
+        self._trip_counts = trip_counts or {}
         self._sharing: dict[str, frozenset[int]] = {}  # `_lists_sharing_elements`, by loop
 
     def _shape(self, tensor: tf.Tensor) -> tf.TensorShape:
@@ -416,14 +416,16 @@ def unbounded_loops(function: ConcreteFunction) -> list[str]:
     A gradient loop (one whose body pops a list: the activations its forward loop saved) is left out: it
     runs as many iterations as its forward loop pushed, and the lists it leaves are empty."""
     graph = function.graph
+    loops = [op for op in graph.get_operations() if op.type in FUNCTIONAL_LOOP_OPS]
+    if not loops:
+        return []
     bodies = FunctionBodies(graph.as_graph_def().library)
 
     def pops(loop: tf.Operation) -> bool:
         body = bodies.get(loop.get_attr("body").name)
         return body is not None and any(op.type == "TensorListPopBack" for op in body.get_operations())
 
-    return [op.name for op in graph.get_operations()
-            if op.type in FUNCTIONAL_LOOP_OPS and constant_trip_count(op, bodies) is None and not pops(op)]
+    return [op.name for op in loops if constant_trip_count(op, bodies) is None and not pops(op)]
 
 
 def _element_buffer(body: tf.Graph, value: tf.Tensor) -> str:

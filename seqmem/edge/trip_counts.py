@@ -17,6 +17,7 @@ holds more memory than the analysis predicts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -30,15 +31,11 @@ __all__ = ["measured_trip_counts"]
 _log = logging.getLogger(__name__)
 
 
-def measured_trip_counts(function: capture.ConcreteFunction, args: Any) -> dict[str, int]:
-    """Iterations each while loop of `function`'s own graph without a constant trip count
-    (`capture.unbounded_loops`) ran on `args` (the step's arguments, structured as it takes them), by loop
-    name. Empty when it has none, or when running them ran out of memory (logged)."""
-    loops = capture.unbounded_loops(function)
-    if not loops:
-        return {}
-    graph_def = function.graph.as_graph_def()
-    runner = graph_def_runner(function, graph_def, fetches=[f"{name}:0" for name in loops])
+def measured_trip_counts(function: capture.ConcreteFunction, loops: Sequence[str], args: Any) -> dict[str, int]:
+    """Iterations each of `loops` (while loops of `function`'s own graph, `capture.unbounded_loops`) ran on
+    `args` (the step's arguments, structured as it takes them), by loop name. Empty when running them ran
+    out of memory (logged)."""
+    runner = graph_def_runner(function, function.graph.as_graph_def(), fetches=[f"{name}:0" for name in loops])
     try:
         with stall_watch.expected_idle():
             counts = runner(*tf.nest.flatten(args))

@@ -149,7 +149,7 @@ def optimize(
     measuring = device.measuring_device_present()
     calibrating = calibrate and measuring
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring,
-                                sample_inputs=_loop_inputs(function, sample_inputs, measuring))
+                                count_loops=measuring or sample_inputs is not None, sample_inputs=sample_inputs)
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, options,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
@@ -170,14 +170,6 @@ def optimize(
         step = build_step(analysis, plan, backend, function, original)
     step.replan = functools.partial(_plan_for_less, planner, measured=None)
     return step
-
-
-def _loop_inputs(function: capture.ConcreteFunction, sample_inputs: Any, measuring: bool) -> Any:
-    """The arguments to count the step's data-dependent loops on (`analyze_function`): `sample_inputs`, or
-    on a measuring device synthetic ones where the step has such loops; else None."""
-    if sample_inputs is not None or not measuring or not capture.unbounded_loops(function):
-        return sample_inputs
-    return inputs_like(function.structured_input_signature[0])
 
 
 def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:

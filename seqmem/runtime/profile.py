@@ -158,7 +158,7 @@ def profile(
         with variables_restored(captured_variables(function)):
             op_time_s = trace_op_times(run, args)
     analysis = analyze_function(function, loss=loss, machine=machine, op_time_s=op_time_s, measure_scratch=measure,
-                                sample_inputs=args)
+                                count_loops=args is not None, sample_inputs=args)
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
     trace = simulate(graph, analysis.order, allocator=allocator, **analysis.simulator_options())
     measured = measure_step_peak(run, args, function, measured_steps) if measure else None

@@ -20,6 +20,7 @@ from seqmem.edge.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
+from seqmem.runtime.measure import inputs_like
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import simulate
 from seqmem.swap.plan import LoopSwap
@@ -34,19 +35,19 @@ def analyze_function(
     machine: MachineModel = MachineModel(),
     op_time_s: Optional[Mapping[str, float]] = None,
     measure_scratch: bool = False,
+    count_loops: bool = False,
     sample_inputs: Any = None,
 ) -> StepAnalysis:
     """Analyze the training step `function` (a ConcreteFunction, or any target `capture.from_tf` takes).
 
     op_time_s: measured seconds per node (from `edge.op_trace.trace_op_times`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.
-    sample_inputs: the arguments of a ConcreteFunction `function`, to count the iterations of its while loops
-    whose trip count depends on data (`seqmem.edge.trip_counts`; those loops' lists are unsized without).
+    count_loops: for a ConcreteFunction `function`, run its while loops whose trip count depends on data
+    on `sample_inputs` (its arguments; synthetic ones, `measure.inputs_like`, when None) to count their
+    iterations (`seqmem.edge.trip_counts`); without, those loops' lists are unsized.
     The analysis lists the loop accumulators a plan may swap (`seqmem.edge.loop_swap`).
     """
-    trip_counts = {}
-    if sample_inputs is not None and isinstance(function, capture.ConcreteFunction):
-        trip_counts = measured_trip_counts(function, sample_inputs)
+    trip_counts = _trip_counts(function, sample_inputs) if count_loops else {}
     with gc_paused():  # capture builds many objects around a large graph
         graph = capture.from_tf(function, trip_counts=trip_counts)
     in_use_before = _in_use_bytes()  # after the capture, whose tracing may create variables (optimizer slots)
@@ -60,6 +61,19 @@ def analyze_function(
                              inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies,
                              iterations=iterations)
     return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before)
+
+
+def _trip_counts(function: Any, sample_inputs: Any) -> dict[str, int]:
+    """`measured_trip_counts` of `function`'s data-dependent loops, on `sample_inputs` or, where there are
+    such loops, on synthetic inputs made here (freed before the analysis reads what the device holds)."""
+    if not isinstance(function, capture.ConcreteFunction):
+        return {}
+    loops = capture.unbounded_loops(function)
+    if not loops:
+        return {}
+    if sample_inputs is None:
+        sample_inputs = inputs_like(function.structured_input_signature[0])
+    return measured_trip_counts(function, loops, sample_inputs)
 
 
 def _in_use_bytes() -> dict[str, int]:

@@ -44,7 +44,7 @@ def test_the_trip_count_of_a_data_dependent_loop_is_measured_and_sizes_its_lists
     lengths = tf.constant([3, 5, 2, 4])
     function = step.get_concrete_function(inputs, lengths)
     (loop,) = capture.unbounded_loops(function)
-    counts = measured_trip_counts(function, (inputs, lengths))
+    counts = measured_trip_counts(function, [loop], (inputs, lengths))
     assert counts == {loop: 5}
     unsized = _accumulator_sizes(capture.from_tf(function), loop)
     sized = _accumulator_sizes(capture.from_tf(function, trip_counts=counts), loop)
