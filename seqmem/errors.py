@@ -16,6 +16,7 @@ __all__ = [
     "SimulatedOutOfMemoryError",
     "TensorFlowAlreadyInitializedError",
     "UnknownShapeError",
+    "WorkersDisagreeError",
 ]
 
 
@@ -65,3 +66,8 @@ class ArenaFragmentationError(InfeasibleBudgetError):
 
 class SimulatedOutOfMemoryError(SeqmemError):
     """The allocator model cannot place a request within its memory limit."""
+
+
+class WorkersDisagreeError(SeqmemError, RuntimeError):
+    """The workers of one `tf.distribute` step planned differently, so their collectives would not pair up
+    (`seqmem.runtime.workers`)."""

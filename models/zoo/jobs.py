@@ -13,7 +13,7 @@ import hashlib
 import time
 from typing import Any
 
-__all__ = ["original", "optimized"]
+__all__ = ["digest", "original", "optimized"]
 
 
 def original(name: str, batch: int, steps: int) -> dict[str, Any]:
@@ -74,16 +74,16 @@ def _trained(built, steps: int, device) -> dict[str, Any]:
         seconds.append(time.perf_counter() - started)
         peaks.append(device.memory_stats().peak_bytes)
     later = sorted(seconds[1:]) or seconds
-    return {"losses": losses, "digest": _digest(built.variables), "peak_bytes": max(peaks), "peaks": peaks,
+    return {"losses": losses, "digest": digest(built.variables), "peak_bytes": max(peaks), "peaks": peaks,
             "step_s": later[len(later) // 2]}
 
 
-def _digest(variables) -> str:
+def digest(variables) -> str:
     """SHA-256 of every variable's bytes, in order: equal digests, bit-for-bit equal variables."""
-    digest = hashlib.sha256()
+    hasher = hashlib.sha256()
     for variable in variables:
-        digest.update(variable.numpy().tobytes())
-    return digest.hexdigest()
+        hasher.update(variable.numpy().tobytes())
+    return hasher.hexdigest()
 
 
 def _loss_found(analysis) -> dict[str, Any]:

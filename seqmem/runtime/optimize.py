@@ -28,6 +28,7 @@ from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
+from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, workers_of
 from seqmem.swap.barriers import gradient_barriers
 from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import SwapBackend
@@ -114,12 +115,20 @@ def optimize(
     ahead the executor runs it. None keeps the loops as traced. With loops
     bounded, on the emulated device, the plan may also swap what a loop saves
     for its gradient, element by element (`seqmem.edge.loop_swap`).
+    A step that issues collectives (`tf.distribute`'s all-reduce across workers)
+    is optimized inside `strategy.scope()` on every worker: the workers plan
+    from the same measurements (the highest any of them measured), check that
+    they made the same plan before it runs, and a worker that runs out of memory
+    aborts the others' collectives (`seqmem.runtime.workers`); such a step is
+    not re-planned at call time.
     Raises ValueError for a budget that is not a positive finite number, a
     host memory that is not a positive number, a margin outside [0, 1), a loop
     bound that is not a positive int, or options `ConservationOptions` refuses
-    (an unknown kind or compression dtype),
-    TypeError for another target, InfeasibleBudgetError when no swap set fits
-    (with the lowest measured peak when calibration measured one).
+    (an unknown kind or compression dtype), or collectives outside a strategy's
+    scope, TypeError for another target, InfeasibleBudgetError when no swap set
+    fits (with the lowest measured peak when calibration measured one; on every
+    worker, when one ran out of memory in calibration), WorkersDisagreeError
+    when a step's workers planned differently.
     """
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
@@ -146,10 +155,13 @@ def optimize(
         input_signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, tuple(sample_inputs))
     function = capture.concrete_function(target, tuple(input_signature or ()))
     original = target if not isinstance(target, capture.ConcreteFunction) else function
+    workers = workers_of(function.graph.as_graph_def())
     measuring = device.measuring_device_present()
     calibrating = calibrate and measuring
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring,
                                 count_loops=measuring or sample_inputs is not None, sample_inputs=sample_inputs)
+    if workers is not None:
+        analysis = _agreed(analysis, workers)
     arena_mb = device.emulated_budget_mb()
     planner = _Planner(analysis, budget_bytes, machine, options,
                        arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
@@ -165,11 +177,31 @@ def optimize(
         # one leaves the most, and calibration measures whether that is enough.
         plan = lowest
     if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
-        step = _calibrated(build_step(analysis, plan, backend, function, original), planner, backend, sample_inputs)
+        step = _calibrated(_built(analysis, plan, backend, function, original, workers), planner, backend,
+                           sample_inputs)
     else:
-        step = build_step(analysis, plan, backend, function, original)
-    step.replan = functools.partial(_plan_for_less, planner, measured=None)
+        step = _built(analysis, plan, backend, function, original, workers)
+    if workers is None:  # several workers re-planning apart would issue their collectives apart
+        step.replan = functools.partial(_plan_for_less, planner, measured=None)
     return step
+
+
+def _built(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend, function: capture.ConcreteFunction,
+           original: Any, workers: Optional[Workers]) -> OptimizedStep:
+    """`build_step`, once every worker of a distributed step has made the same `plan`."""
+    if workers is not None:
+        workers.check_same(plan)
+    step = build_step(analysis, plan, backend, function, original)
+    step.workers = workers
+    return step
+
+
+def _agreed(analysis: StepAnalysis, workers: Workers) -> StepAnalysis:
+    """`analysis` with what each worker measures of its own device, the bytes in use before the step, the
+    highest of any worker's: the same inputs give every worker the same plan."""
+    devices = sorted(analysis.in_use_before_bytes)
+    highest = workers.highest([analysis.in_use_before_bytes[name] for name in devices])
+    return dataclasses.replace(analysis, in_use_before_bytes=dict(zip(devices, highest)))
 
 
 def _loop_bound(analysis: StepAnalysis, parallel_iterations: Optional[int]) -> Optional[int]:
@@ -350,10 +382,12 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
     for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
     first step that fits (its measured peak recorded in the plan, instantiated anew so that its random ops
     draw what the original's first call would), or the last one planned."""
-    function = step.function
+    function, workers = step.function, step.workers
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
         measured = _measured_peak(step, function, sample_inputs)
+        if workers is not None:
+            measured = workers.highest([measured])[0]
         if measured is not None and measured <= planner.budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
             step.restart()  # calibration's calls advanced its random kernels
@@ -367,7 +401,7 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
         # Left to the collector, it shares the arena with the next plan's step, which then measures high or,
         # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
         gc.collect()
-        step = build_step(planner.analysis, plan, backend, function, original)
+        step = _built(planner.analysis, plan, backend, function, original, workers)
     return step
 
 
@@ -410,5 +444,19 @@ def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, samp
     try:
         with stall_watch.expected_idle():
             return max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
-    except tf.errors.ResourceExhaustedError:
+    except tf.errors.ResourceExhaustedError as error:
+        if step.workers is not None:  # the step aborted every worker's collectives: no worker can go on
+            raise InfeasibleBudgetError(
+                f"the optimized step ran out of memory on this worker in calibration, over the "
+                f"{step.plan.budget_bytes / MIB:.1f} MB budget; the other workers' collectives were aborted, so "
+                f"no worker can re-plan. Restart every worker with a higher budget or a smaller batch. "
+                f"({failure_line(error.message)})") from None
         return None
+    except tf.errors.UnavailableError as error:
+        if step.workers is None or ABORT_MARK not in error.message:
+            raise
+        raise InfeasibleBudgetError(
+            f"another worker's optimized step ran out of memory in calibration, over the "
+            f"{step.plan.budget_bytes / MIB:.1f} MB budget, and aborted the collectives, so no worker can "
+            f"re-plan. Restart every worker with a higher budget or a smaller batch. "
+            f"({failure_line(error.message)})") from None

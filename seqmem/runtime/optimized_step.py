@@ -28,6 +28,7 @@ from seqmem.edge.pinned_bodies import pin_loop_bodies
 from seqmem.edge.runner import IMPORT_SCOPE, graph_def_runner
 from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.edge.variable_shapes import variable_shapes
+from seqmem.runtime.workers import Workers, failure_line
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import SwapPlan
@@ -55,6 +56,8 @@ class OptimizedStep:
     replan: when set (by `seqmem.optimize`), the plan to run instead of `plan`
     after a call ran out of memory (raises InfeasibleBudgetError when there is
     none). Used once, and only where the failed call ran no variable update.
+    workers: for a step of several `tf.distribute` workers (`seqmem.runtime.workers`),
+    whose collectives a call that runs out of memory aborts; None otherwise.
     """
 
     def __init__(self, analysis: StepAnalysis, plan: SwapPlan, graph_def: graph_pb2.GraphDef, backend: SwapBackend,
@@ -66,6 +69,7 @@ class OptimizedStep:
         self.function = function
         self.original = original
         self.replan: Optional[Callable[[SwapPlan], SwapPlan]] = None
+        self.workers: Optional[Workers] = None
         self._run = None
         if function is not None:
             unchanged = (not plan.decisions and not plan.loop_swaps and not plan.pinned_order
@@ -97,6 +101,8 @@ class OptimizedStep:
         note = f"the plan predicted a peak of {self.plan.predicted_peak_after_bytes / MIB:.1f} MB " \
                f"for a budget of {self.plan.budget_bytes / MIB:.1f} MB"
         failed = _failed_nodes(failure.message)
+        if self.workers is not None:
+            self.workers.abort(f"out of memory ({failure_line(message)})")
         if self.replan is not None and _ran_no_variable_update(self.graph_def, failed):
             replan, self.replan = self.replan, None
             try:

@@ -1,0 +1,189 @@
+"""The zoo's data-parallel step: two `MultiWorkerMirroredStrategy` workers on this machine.
+
+    python -m models.zoo.workers [--model mobilenet_v2] [--batch 32] [--budget-mb 60] [--steps 3]
+
+Two worker processes, joined by `TF_CONFIG` on 127.0.0.1, each with its own
+emulated device of `--arena-mb` MiB (one inter-op thread, op determinism).
+Each builds the same Keras model under the strategy (same seed), draws its own
+`--batch` images (seeded by its index), and trains a `tf.function` calling
+`strategy.run` (gradients all-reduced across the workers) for `--steps` calls:
+as written, or, with `--budget-mb`, through `seqmem.optimize` under
+`strategy.scope()`. Prints one JSON line per worker: losses, peak bytes, a
+digest of the variables, and for an optimized run the plan's digest
+(`seqmem.runtime.workers.plan_digest`), decisions and `optimize` seconds, or the
+error a worker stopped with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional, Sequence
+
+__all__ = ["MODELS", "run_workers"]
+
+MODELS = ("mobilenet_v2", "small_cnn")
+_WORKERS = 2
+
+
+def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
+                hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Run the two workers (see the module docstring) and return each one's result, by index. hold_mb: MiB
+    each worker allocates on its device after `optimize` returns and keeps through training (to show what
+    a worker that runs out of memory does to the other). A worker still running after `timeout_s` seconds
+    is killed and reported as {"error": "timeout"}."""
+    ports = _free_ports(_WORKERS)
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = [os.path.join(folder, f"worker{index}.json") for index in range(_WORKERS)]
+        logs = [open(os.path.join(folder, f"worker{index}.log"), "w+") for index in range(_WORKERS)]  # not pipes:
+        # a worker's out-of-memory report fills a pipe nobody reads yet, and the worker blocks writing it
+        processes = [subprocess.Popen(
+            [sys.executable, "-m", "models.zoo.workers", "--worker", str(index), "--ports", ",".join(map(str, ports)),
+             "--model", model, "--batch", str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps),
+             "--hold-mb", str(hold_mb[index]), "--out", outputs[index]]
+            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]),
+            stdout=subprocess.DEVNULL, stderr=logs[index]) for index in range(_WORKERS)]
+        deadline = time.monotonic() + timeout_s
+        results = []
+        for process, output, log in zip(processes, outputs, logs):
+            try:
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.seek(0)
+            stderr = log.read()[-2000:]
+            log.close()
+            if process.returncode == -9:
+                results.append({"error": "timeout", "message": stderr})
+            elif os.path.exists(output):
+                with open(output) as file:
+                    results.append(json.load(file))
+            else:
+                results.append({"error": f"exit {process.returncode}", "message": stderr})
+    return results
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int, budget_mb: Optional[float],
+            steps: int, hold_mb: int) -> dict[str, Any]:
+    """One worker's run; the emulated device is configured before TensorFlow starts."""
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                                          "task": {"type": "worker", "index": index}})
+    from seqmem.runtime import device
+
+    device.configure_emulated_device(arena_mb)
+    import numpy as np
+    import tensorflow as tf
+
+    from models.zoo.jobs import digest
+
+    tf.config.experimental.enable_op_determinism()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        network, optimizer = _model(model), tf.keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(network.trainable_variables)
+    rng = np.random.default_rng(index)
+    images = tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32))
+    labels = tf.constant(rng.integers(0, 10, [batch]).astype(np.int32))
+    global_batch = batch * strategy.num_replicas_in_sync
+
+    def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = network(images, training=True)
+            loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+            loss /= global_batch
+        gradients = tape.gradient(loss, network.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, network.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(images, labels):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
+
+    result: dict[str, Any] = {}
+    if budget_mb is not None:
+        from seqmem.runtime.optimize import optimize
+        from seqmem.runtime.workers import plan_digest
+
+        started = time.perf_counter()
+        with strategy.scope():
+            step = optimize(step, budget_mb, sample_inputs=(images, labels))
+        result.update(optimize_s=time.perf_counter() - started, plan_digest=str(plan_digest(step.plan)),
+                      decisions=len(step.plan.decisions),
+                      predicted_peak_bytes=step.plan.predicted_peak_after_bytes)
+    held = [tf.zeros([1 << 20]) for _ in range(hold_mb // 4)]  # 4 MiB each: one block fits the arena's regions
+    losses, peaks = [], []
+    for _ in range(steps):
+        device.reset_peak()
+        losses.append(float(step(images, labels)))
+        peaks.append(device.memory_stats().peak_bytes)
+    del held
+    variables = tuple(network.variables) + tuple(optimizer.variables)
+    return {**result, "losses": losses, "peak_bytes": max(peaks), "digest": digest(variables)}
+
+
+def _model(name: str):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    if name == "mobilenet_v2":
+        return tf.keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10,
+                                                 classifier_activation=None)
+    layers = tf.keras.layers
+    return tf.keras.Sequential([layers.Input((32, 32, 3))]
+                               + [layer for width in (32, 64, 64) for layer in
+                                  (layers.Conv2D(width, 3, padding="same"), layers.BatchNormalization(),
+                                   layers.ReLU())]
+                               + [layers.GlobalAveragePooling2D(), layers.Dense(10)])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.zoo.workers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="mobilenet_v2")
+    parser.add_argument("--batch", type=int, default=32, help="images per worker")
+    parser.add_argument("--arena-mb", type=int, default=1024, help="each worker's emulated device, MiB")
+    parser.add_argument("--budget-mb", type=float, default=None, help="optimize to this budget (default: as written)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--hold-mb", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("batch", "arena_mb", "steps"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.worker is None:
+        for index, result in enumerate(run_workers(args.model, args.batch, args.arena_mb, args.budget_mb,
+                                                   args.steps)):
+            print(json.dumps({"worker": index, **result}))
+        return 0
+    try:
+        result = _worker(args.worker, [int(port) for port in args.ports.split(",")], args.model, args.batch,
+                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb)
+    except Exception as error:  # reported to the launcher, which shows every worker's outcome
+        result = {"error": type(error).__name__, "message": str(error)[:2000]}
+    with open(args.out + ".part", "w") as file:
+        json.dump(result, file)
+    os.replace(args.out + ".part", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

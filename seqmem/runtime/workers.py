@@ -1,0 +1,124 @@
+"""Several workers of one `tf.distribute` step: every worker runs the same plan.
+
+A step whose graph issues collectives (`MultiWorkerMirroredStrategy`'s
+all-reduce of the gradients) runs on every worker at once, and two workers'
+collectives pair up by the order they are issued in: every worker must run the
+same rewritten graph. seqmem plans deterministically from the same graph and
+the same measurements: each worker analyzes and plans its own trace of the
+step, calibration takes the highest peak any worker measured
+(`Workers.highest`), and before a plan runs every worker checks that all of
+them made the same one (`Workers.check_same`; `WorkersDisagreeError` on every
+worker otherwise). A worker whose step fails (out of memory) aborts the
+collectives (`Workers.abort`), so that the others' pending collectives fail
+with its message instead of waiting for it; TensorFlow's collectives then stay
+aborted until every worker restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.eager import context
+
+from seqmem.errors import WorkersDisagreeError
+from seqmem.swap.plan import SwapPlan
+
+__all__ = ["ABORT_MARK", "Workers", "collective_ops", "failure_line", "plan_digest", "workers_of"]
+
+ABORT_MARK = "seqmem: a worker's step failed"  # begins the message a worker aborts the collectives with
+
+# ops that exchange tensors with other workers (tensorflow/core/ops/collective_ops.cc, nccl_ops.cc)
+_COLLECTIVE_OPS = frozenset({
+    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveReduceScatterV2",
+    "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend", "CollectiveBcastSendV2",
+    "CollectiveBcastRecv", "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveAllToAllV3",
+    "NcclAllReduce", "NcclReduce", "NcclBroadcast",
+})
+
+
+def collective_ops(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """The names of `graph_def`'s nodes, its library functions' included, that run a collective."""
+    nodes = [node.name for node in graph_def.node if node.op in _COLLECTIVE_OPS]
+    for function in graph_def.library.function:
+        nodes += [f"{function.signature.name}/{node.name}" for node in function.node_def
+                  if node.op in _COLLECTIVE_OPS]
+    return nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers:
+    """The workers of the `tf.distribute` strategy a step's collectives run under.
+
+    strategy: the strategy in scope when `optimize` ran; count: its replicas in
+    sync (one per worker under `MultiWorkerMirroredStrategy` on one device each).
+    """
+
+    strategy: Any
+    count: int
+
+    def gathered(self, values: Sequence[int]) -> list[list[int]]:
+        """Every worker's `values` (int64s, the same length on every worker), by replica."""
+        local = tf.constant([list(values)], tf.int64)
+        stacked = self.strategy.gather(self.strategy.run(lambda: tf.identity(local)), axis=0)
+        return stacked.numpy().tolist()
+
+    def highest(self, values: Sequence[Optional[int]]) -> list[Optional[int]]:
+        """Per position, the highest of every worker's `values`; None where any worker's is None."""
+        rows = self.gathered([-1 if value is None else value for value in values])
+        return [None if min(column) < 0 else max(column) for column in zip(*rows)]
+
+    def check_same(self, plan: SwapPlan) -> None:
+        """Raise WorkersDisagreeError, on every worker, unless every worker is about to run `plan`."""
+        digests = [row[0] for row in self.gathered([plan_digest(plan)])]
+        if len(set(digests)) > 1:
+            raise WorkersDisagreeError(
+                f"the {self.count} workers of this tf.distribute step planned differently (plan digests "
+                f"{digests}, by replica), so their collectives would not pair up. Every worker must optimize "
+                f"the same step, traced for the same input shapes, with the same options and budget, on a "
+                f"device holding the same memory; pass the same sample_inputs where a loop's trip count "
+                f"depends on the data.")
+
+    def abort(self, message: str) -> None:
+        """Fail every collective pending here or issued later, so that the other workers' pending ones fail
+        with `message` instead of waiting for this worker. They stay failed until the process restarts."""
+        context.context().abort_collective_ops(tf.errors.UNAVAILABLE, f"{ABORT_MARK}: {message}")
+
+
+def failure_line(message: str) -> str:
+    """The line of a TensorFlow error `message` that says what failed: a worker's abort or the out-of-memory
+    line when there is one, else the first line that is not a generic header."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    oom = [line for line in lines if ABORT_MARK in line or "OOM when allocating" in line]
+    informative = [line for line in lines if not line.endswith("execution error:")]
+    return (oom or informative or lines or [""])[0]
+
+
+def plan_digest(plan: SwapPlan) -> int:
+    """A 62-bit digest of what the rewritten step runs: decisions, loop swaps, pinned order, split gradient
+    joins and loop bound (not the predictions, which hold each worker's own measurements)."""
+    runs = (
+        [(str(d.tensor), d.kind, d.trigger, d.consumers, d.recompute, d.compressed_dtype) for d in plan.decisions],
+        [repr(swap) for swap in plan.loop_swaps],
+        plan.pinned_order, plan.split_barriers, plan.loop_parallel_iterations,
+    )
+    return int.from_bytes(hashlib.blake2b(repr(runs).encode(), digest_size=8).digest(), "big") >> 2
+
+
+def workers_of(graph_def: graph_pb2.GraphDef) -> Optional[Workers]:
+    """The workers a step of `graph_def` runs on: None when it issues no collective; else those of the
+    `tf.distribute` strategy in scope. Raises ValueError for collectives with no strategy in scope."""
+    collectives = collective_ops(graph_def)
+    if not collectives:
+        return None
+    if not tf.distribute.has_strategy():
+        raise ValueError(
+            f"the step issues collectives ({collectives[0]} and {len(collectives) - 1} more): it runs under a "
+            f"tf.distribute strategy, and every worker must run the same plan. Call seqmem.optimize inside "
+            f"`with strategy.scope():` on every worker, so that the workers can agree on it.")
+    strategy = tf.distribute.get_strategy()
+    return Workers(strategy, strategy.num_replicas_in_sync)

@@ -1,0 +1,110 @@
+"""seqmem.runtime.workers: a tf.distribute step's workers run one plan, and a failing worker fails the others.
+
+The device-tier tests run two `MultiWorkerMirroredStrategy` workers on this machine (`models.zoo.workers`).
+"""
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from seqmem.errors import WorkersDisagreeError
+from seqmem.ir.graph import TensorRef
+from seqmem.runtime.workers import ABORT_MARK, Workers, collective_ops, failure_line, plan_digest, workers_of
+from seqmem.swap.plan import SwapDecision, SwapPlan
+
+
+def _plan(*tensors: str, predicted: int = 10) -> SwapPlan:
+    decisions = tuple(SwapDecision(TensorRef(name, 0), 1 << 20, ("grad",), "trigger", 1e-3) for name in tensors)
+    return SwapPlan(100, 90, 120, predicted, decisions=decisions, pinned_order=("a", "b"))
+
+
+def _collective_graph() -> graph_pb2.GraphDef:
+    graph_def = graph_pb2.GraphDef()
+    graph_def.node.add(name="x", op="Const")
+    body = graph_def.library.function.add()
+    body.signature.name = "replica_step"
+    body.node_def.add(name="all_reduce", op="CollectiveReduceV2")
+    return graph_def
+
+
+def test_collectives_are_found_in_library_functions():
+    assert collective_ops(_collective_graph()) == ["replica_step/all_reduce"]
+    assert collective_ops(graph_pb2.GraphDef()) == []
+
+
+def test_a_step_without_collectives_has_no_workers():
+    assert workers_of(graph_pb2.GraphDef()) is None
+
+
+def test_a_step_with_collectives_outside_a_strategy_scope_is_refused():
+    with pytest.raises(ValueError, match="strategy.scope"):
+        workers_of(_collective_graph())
+
+
+def test_the_digest_covers_what_runs_not_what_was_predicted():
+    assert plan_digest(_plan("a", "b")) == plan_digest(_plan("a", "b", predicted=11))
+    assert plan_digest(_plan("a", "b")) != plan_digest(_plan("a", "c"))
+    assert plan_digest(_plan("a")) != plan_digest(dataclasses.replace(_plan("a"), pinned_order=("b", "a")))
+
+
+class _Gathered(Workers):
+    """Workers whose gather returns fixed rows, as two workers' would."""
+
+    def __init__(self, rows):
+        super().__init__(strategy=None, count=len(rows))
+        object.__setattr__(self, "rows", rows)
+
+    def gathered(self, values):
+        return self.rows
+
+
+def test_workers_that_planned_differently_all_refuse_to_run():
+    with pytest.raises(WorkersDisagreeError, match="planned differently"):
+        _Gathered([[1], [2]]).check_same(_plan("a"))
+
+
+def test_highest_takes_each_position_over_workers_and_none_from_any():
+    assert _Gathered([[5, 1], [3, 2]]).highest([0, 0]) == [5, 2]
+    assert _Gathered([[5, -1], [3, 2]]).highest([0, 0]) == [5, None]
+
+
+def test_one_worker_gathers_its_own_values_and_agrees_with_itself():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        workers = Workers(strategy, strategy.num_replicas_in_sync)
+        assert workers.highest([7, None]) == [7, None]
+        workers.check_same(_plan("a"))
+
+
+def test_the_failure_line_names_the_abort_or_the_allocation():
+    assert failure_line("Graph execution error:\n\nOOM when allocating tensor with shape[4]\n[[node]]") \
+        == "OOM when allocating tensor with shape[4]"
+    assert ABORT_MARK in failure_line(f"Graph execution error:\nCollective ops is aborted by: {ABORT_MARK}: x")
+    assert failure_line("Graph execution error:\nsomething else") == "something else"
+
+
+@pytest.mark.device
+def test_two_workers_run_one_plan_within_the_budget_bit_for_bit():
+    from models.zoo.workers import run_workers
+
+    original = run_workers("small_cnn", 64, 1024, None, 2)
+    budget_mb = int(0.7 * max(result["peak_bytes"] for result in original) / (1 << 20))
+    optimized = run_workers("small_cnn", 64, 1024, budget_mb, 2)
+    assert all("error" not in result for result in original + optimized), original + optimized
+    assert optimized[0]["decisions"] > 0
+    assert optimized[0]["plan_digest"] == optimized[1]["plan_digest"]
+    for before, after in zip(original, optimized):
+        assert after["peak_bytes"] <= budget_mb << 20
+        assert (after["losses"], after["digest"]) == (before["losses"], before["digest"])
+
+
+@pytest.mark.device
+def test_a_worker_that_runs_out_of_memory_fails_the_other_instead_of_leaving_it_waiting():
+    from models.zoo.workers import run_workers
+
+    # worker 0 fills its device after optimize returned; its first call runs out of memory
+    failed, other = run_workers("small_cnn", 64, 1024, 72, 1, hold_mb=(980, 0), timeout_s=300)
+    assert failed["error"] == "ResourceExhaustedError", failed
+    assert other["error"] == "UnavailableError" and ABORT_MARK in other["message"], other
