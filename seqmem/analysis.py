@@ -42,6 +42,9 @@ class StepAnalysis:
     "" for the default device) when the step was analyzed, before it first ran; the simulator counts them
     in place of its own chunks for the variables and inputs (`sim.simulator.simulate`). Empty where
     nothing was measured.
+    default_device: the device a step's unplaced ops run on ("CPU:0", "GPU:0"; "" where not known): ops
+    placed on it by name (`tf.distribute` places a worker's ops on its own device) share the default
+    device's memory in the simulator.
     """
 
     graph: Graph
@@ -54,12 +57,14 @@ class StepAnalysis:
     arena_reserved: bool = False
     in_use_before_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     iterations: Mapping[str, Iteration] = dataclasses.field(default_factory=dict)
+    default_device: str = ""
 
     def simulator_options(self) -> dict:
         """The keyword arguments of `sim.simulator.simulate` this analysis fixes: kernels' scratch bytes, the
-        arena's mode, the bytes in use before the step and the loops' iterations."""
+        arena's mode, the bytes in use before the step, the loops' iterations and the default device."""
         return {"scratch_bytes": self.scratch_bytes, "reserved_arena": self.arena_reserved,
-                "in_use_before_bytes": self.in_use_before_bytes, "iterations": self.iterations}
+                "in_use_before_bytes": self.in_use_before_bytes, "iterations": self.iterations,
+                "default_device": self.default_device}
 
     def pinned(self) -> "StepAnalysis":
         """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
@@ -134,7 +139,8 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                           op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,
-                               in_use_before_bytes=analysis.in_use_before_bytes, iterations=analysis.iterations)
+                               in_use_before_bytes=analysis.in_use_before_bytes, iterations=analysis.iterations,
+                               default_device=analysis.default_device)
 
 
 def as_planned(analysis: StepAnalysis, plan: SwapPlan) -> StepAnalysis:

@@ -13,6 +13,10 @@ and op determinism, each job in a fresh process:
    call's peak is at most the budget; bit for bit when its losses and final
    variables equal the original's.
 
+The data-parallel step (`models.zoo.workers`) runs the same way as two
+`MultiWorkerMirroredStrategy` worker processes; its peaks are the higher of
+the two workers'.
+
     python -m models.zoo                    # every step, 3 optimized runs each
     python -m models.zoo --quick            # the quick subset at smaller batches, 1 run each
     python -m models.zoo --models resnet50,tfa_luong --runs 1
@@ -30,7 +34,7 @@ from seqmem.files import write_json, write_text
 from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
 
-from models.zoo import jobs
+from models.zoo import jobs, workers
 from models.zoo.steps import STEPS
 
 _ARENA_MB = 4096  # the original's arena: room for any zoo step as written
@@ -40,7 +44,10 @@ _STALL_S = 2.0  # the steps run on inputs in memory: idle this long, a call wait
 
 def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB) -> dict:
     """Both jobs for one zoo model: {"original": its result or verdict, "budget_mb", "optimized": [each run's
-    result or verdict]}. A verdict is {"verdict": ..., "message": ...}."""
+    result or verdict]}. A verdict is {"verdict": ..., "message": ...}. The data-parallel steps
+    (`models.zoo.workers.STEPS`) run as two worker processes each, at their own batch."""
+    if name in workers.STEPS:
+        return workers.run_model(name, fraction, runs, steps, arena_mb)
     original = _value(run_with_budget(jobs.original, name, batch, steps, budget_mb=arena_mb, timeout_s=_TIMEOUT_S,
                                       stall_s=_STALL_S))
     row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
@@ -140,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.fraction <= 1:
         parser.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    every = [*STEPS, *workers.STEPS]
     names = args.models.split(",") if args.models else [n for n, m in STEPS.items() if m.quick_batch or not args.quick]
-    unknown = [name for name in names if name not in STEPS]
+    if not args.models and not args.quick:
+        names += list(workers.STEPS)
+    unknown = [name for name in names if name not in every]
     if unknown:
-        parser.error(f"unknown models {', '.join(unknown)}; the zoo has {', '.join(STEPS)}")
+        parser.error(f"unknown models {', '.join(unknown)}; the zoo has {', '.join(every)}")
     runs = args.runs or (1 if args.quick else 3)
     rows = []
     for name in names:
-        model = STEPS[name]
-        batch = model.quick_batch if args.quick and model.quick_batch else model.batch
+        model = STEPS.get(name)
+        batch = model and (model.quick_batch if args.quick and model.quick_batch else model.batch)
         rows.append(run_model(name, batch, args.fraction, runs, args.steps))
         print(_markdown_row(rows[-1], runs), flush=True)
     os.makedirs(args.out, exist_ok=True)

@@ -13,7 +13,7 @@ import hashlib
 import time
 from typing import Any
 
-__all__ = ["digest", "original", "optimized"]
+__all__ = ["digest", "loss_found", "original", "optimized"]
 
 
 def original(name: str, batch: int, steps: int) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def original(name: str, batch: int, steps: int) -> dict[str, Any]:
     function = built.step.get_concrete_function(*built.inputs)
     analysis = analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
     predicted = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
-    return {**_trained(built, steps, device), "predicted_peak_bytes": predicted, **_loss_found(analysis)}
+    return {**_trained(built, steps, device), "predicted_peak_bytes": predicted, **loss_found(analysis)}
 
 
 def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, An
     optimize_s = time.perf_counter() - started
     plan = step.plan
     trained = _trained(dataclasses.replace(built, step=step), steps, device)
-    return {**trained, "predicted_peak_bytes": plan.predicted_peak_after_bytes, **_loss_found(step.analysis),
+    return {**trained, "predicted_peak_bytes": plan.predicted_peak_after_bytes, **loss_found(step.analysis),
             "decisions": len(plan.decisions), "loop_swaps": len(plan.loop_swaps), "optimize_s": optimize_s}
 
 
@@ -86,13 +86,14 @@ def digest(variables) -> str:
     return hasher.hexdigest()
 
 
-def _loss_found(analysis) -> dict[str, Any]:
+def loss_found(analysis) -> dict[str, Any]:
     """The loss seqmem found, and whether it is the tensor the step returns or that tensor scaled (an op
-    that reads it directly, as `LossScaleOptimizer.get_scaled_loss` multiplies it)."""
+    that reads it directly, as `LossScaleOptimizer.get_scaled_loss` multiplies it); a data-parallel step
+    returns every worker's loss summed (an all-reduce of it, packed and unpacked by reshapes and a split)."""
     graph = analysis.graph
     (returned,) = graph.outputs  # every zoo step returns its loss alone
     node = graph.node(returned.node)
-    while node.op == "Identity":
+    while node.op in ("Identity", "Reshape", "SplitV", "CollectiveReduceV2"):
         returned = node.inputs[0]
         node = graph.node(returned.node)
     found = analysis.anatomy.loss

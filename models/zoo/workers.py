@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -26,9 +27,11 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence
 
-__all__ = ["MODELS", "run_workers"]
+__all__ = ["FAMILY", "MODELS", "STEPS", "run_model", "run_workers"]
 
 MODELS = ("mobilenet_v2", "small_cnn")
+FAMILY = "data parallel (2 MultiWorkerMirroredStrategy workers)"
+STEPS = {"mobilenet_v2_2_workers": ("mobilenet_v2", 32)}  # the zoo's: name -> (model, images per worker)
 _WORKERS = 2
 
 
@@ -70,6 +73,36 @@ def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float
     return results
 
 
+def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int = 4096) -> dict[str, Any]:
+    """A zoo row (`models.zoo.__main__.run_model`'s form) for data-parallel step `name` (`STEPS`): the two
+    workers as written in arenas of `arena_mb`, then `runs` times optimized to `fraction` of the higher of
+    their peaks, in arenas of the budget itself. Each outcome is both workers' (`_both`)."""
+    model, batch = STEPS[name]
+    original = _both(run_workers(model, batch, arena_mb, None, steps))
+    row: dict[str, Any] = {"model": name, "family": FAMILY, "batch": batch, "original": original}
+    if "peak_bytes" not in original:
+        return row
+    row["budget_mb"] = budget_mb = math.floor(fraction * original["peak_bytes"] / (1 << 20))
+    row["optimized"] = [_both(run_workers(model, batch, budget_mb, budget_mb, steps)) for _ in range(runs)]
+    return row
+
+
+def _both(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two workers' results as one: worker 0's, with the higher peak and, where they differ, digests that
+    say so (a variable digest or plan digest of "workers differ"); the first worker's error, if any."""
+    failed = [(index, result) for index, result in enumerate(results) if "error" in result or "infeasible" in result]
+    if failed:
+        index, result = failed[0]
+        if "infeasible" in result:
+            return result
+        return {"verdict": result["error"], "message": f"worker {index}: {result.get('message', '')}"}
+    merged = dict(results[0], peak_bytes=max(result["peak_bytes"] for result in results))
+    for key in ("digest", "plan_digest", "losses"):
+        if len({str(result.get(key)) for result in results}) > 1:
+            merged[key] = "workers differ"
+    return merged
+
+
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -92,7 +125,7 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     import numpy as np
     import tensorflow as tf
 
-    from models.zoo.jobs import digest
+    from models.zoo.jobs import digest, loss_found
 
     tf.config.experimental.enable_op_determinism()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -118,25 +151,41 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
         return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
 
     result: dict[str, Any] = {}
-    if budget_mb is not None:
+    if budget_mb is None:  # seqmem's prediction of the step as written, as `models.zoo.jobs.original` makes it
+        from seqmem.runtime.step_analysis import analyze_function
+        from seqmem.sim.simulator import simulate
+
+        analysis = analyze_function(step.get_concrete_function(images, labels), measure_scratch=True)
+        result.update(predicted_peak_bytes=simulate(analysis.graph, analysis.order, allocator="bfc",
+                                                    **analysis.simulator_options()).peak_bytes,
+                      **loss_found(analysis))
+    else:
+        from seqmem.errors import InfeasibleBudgetError
         from seqmem.runtime.optimize import optimize
         from seqmem.runtime.workers import plan_digest
 
         started = time.perf_counter()
-        with strategy.scope():
-            step = optimize(step, budget_mb, sample_inputs=(images, labels))
+        try:
+            with strategy.scope():
+                step = optimize(step, budget_mb, sample_inputs=(images, labels))
+        except InfeasibleBudgetError as error:
+            return {"infeasible": str(error)[:600], "optimize_s": time.perf_counter() - started}
         result.update(optimize_s=time.perf_counter() - started, plan_digest=str(plan_digest(step.plan)),
-                      decisions=len(step.plan.decisions),
-                      predicted_peak_bytes=step.plan.predicted_peak_after_bytes)
+                      decisions=len(step.plan.decisions), loop_swaps=len(step.plan.loop_swaps),
+                      predicted_peak_bytes=step.plan.predicted_peak_after_bytes, **loss_found(step.analysis))
     held = [tf.zeros([1 << 20]) for _ in range(hold_mb // 4)]  # 4 MiB each: one block fits the arena's regions
-    losses, peaks = [], []
+    losses, peaks, seconds = [], [], []
     for _ in range(steps):
         device.reset_peak()
+        started = time.perf_counter()
         losses.append(float(step(images, labels)))
+        seconds.append(time.perf_counter() - started)
         peaks.append(device.memory_stats().peak_bytes)
     del held
     variables = tuple(network.variables) + tuple(optimizer.variables)
-    return {**result, "losses": losses, "peak_bytes": max(peaks), "digest": digest(variables)}
+    later = sorted(seconds[1:]) or seconds
+    return {**result, "losses": losses, "peak_bytes": max(peaks), "digest": digest(variables),
+            "step_s": later[len(later) // 2]}
 
 
 def _model(name: str):

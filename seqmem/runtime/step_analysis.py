@@ -60,7 +60,8 @@ def analyze_function(
     analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
                              inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies,
                              iterations=iterations)
-    return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before)
+    return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before,
+                               default_device=device.memory_device())
 
 
 def _trip_counts(function: Any, sample_inputs: Any) -> dict[str, int]:

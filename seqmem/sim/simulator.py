@@ -60,8 +60,9 @@ without the iterations replayed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
@@ -157,6 +158,12 @@ def _short_device(device: str) -> str:
     return device[device.index(marker) + len(marker):] if marker in device else device
 
 
+def _timeline(device: str, default_device: str) -> str:
+    """The timeline a node placed on `device` runs on: "" for the default device, by name or unplaced."""
+    short = _short_device(device)
+    return "" if short == default_device else short
+
+
 class _Buffer:
     __slots__ = ("size", "pieces", "device", "owner", "pending", "persistent", "start", "end", "handle")
 
@@ -227,6 +234,7 @@ def simulate(
     reserved_arena: bool = False,
     in_use_before_bytes: Mapping[str, int] | None = None,
     iterations: Mapping[str, Iteration] | None = None,
+    default_device: str = "",
 ) -> MemoryTrace:
     """Live-bytes timeline of running `graph` in `order`, with optional swaps.
 
@@ -246,6 +254,8 @@ def simulate(
     iterations: each while loop's `Iteration`, by node name (`StepAnalysis.iterations`): the loop runs it
     through the allocator model once per element of the lists it fills (`sim.iteration.replay`), its
     scratch beyond the iteration's peak held meanwhile, and is charged the most it held then.
+    default_device: the short name ("CPU:0") of the device unplaced nodes run on; nodes placed on it by
+    name run on the default device's timeline, "" (`StepAnalysis.default_device`).
     Raises ValueError if `order` is not a valid schedule of the graph, a swap
     refers to nodes out of order, or `allocator` is unknown; SimulatedOutOfMemoryError when the
     "bfc" model cannot place a buffer within `limit_bytes`.
@@ -259,14 +269,16 @@ def simulate(
         scratch_bytes = static_scratch_bytes(graph)
     memories: dict[str, _DeviceMemory] = {}
     model = (allocator, limit_bytes, reserved_arena)
-    _instantiate(graph, memories, model)
+    timeline_of = functools.partial(_timeline, default_device=default_device)
+    _instantiate(graph, memories, model, timeline_of)
     if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {})
-    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {})
+        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {}, timeline_of)
+    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
+                 timeline_of)
     return _with_in_use_before(trace, memories, in_use_before_bytes or {})
 
 
-def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
+def _instantiate(graph: Graph, memories: dict, allocator: tuple, timeline_of: Callable[[str], str]) -> None:
     """Allocate, in `memories`, what is on the device before the step runs, in the order it got there:
 
     - the variables behind the step's resource handles (`Node.resource_bytes`), in graph order: a function
@@ -279,7 +291,7 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
       of the first call of the NMT step and of a Keras LSTM language model: every constant they hold
       allocated before their first op ran, the calls' and loop bodies' last)."""
     def memory_of(node) -> _DeviceMemory:
-        device = _short_device(node.device)
+        device = timeline_of(node.device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
         return memories[device]
@@ -298,7 +310,8 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple) -> None:
             memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)
 
 
-def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations) -> MemoryTrace:
+def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations,
+         timeline_of) -> MemoryTrace:
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     swap_ins_before: dict[int, list[TensorRef]] = {}
     swap_outs_after: dict[int, list[TensorRef]] = {}
@@ -340,7 +353,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         node = nodes[name]
         device = short_devices.get(node.device)
         if device is None:
-            device = short_devices[node.device] = _short_device(node.device)
+            device = short_devices[node.device] = timeline_of(node.device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
         memory = memories[device]

@@ -44,3 +44,22 @@ def test_the_quick_zoo_trains_within_the_budget_bit_for_bit(tmp_path):
         shown = zoo.verdicts(row)
         assert shown["loss_correct"], row["original"]
         assert shown["within_budget"] == 1 and shown["bit_for_bit"] == 1, row["optimized"]
+
+
+def test_two_workers_show_as_one_row_with_the_higher_peak_and_any_difference():
+    from models.zoo.workers import _both
+
+    same = {"losses": [1.0], "digest": "d", "plan_digest": "p", "peak_bytes": 5, "predicted_peak_bytes": 4}
+    merged = _both([same, dict(same, peak_bytes=7)])
+    assert merged["peak_bytes"] == 7 and merged["digest"] == "d"
+    assert _both([same, dict(same, plan_digest="q")])["plan_digest"] == "workers differ"
+    failed = _both([same, {"error": "UnavailableError", "message": "aborted"}])
+    assert failed == {"verdict": "UnavailableError", "message": "worker 1: aborted"}
+    assert "infeasible" in _both([{"infeasible": "floor", "optimize_s": 1.0}, same])
+
+
+def test_the_data_parallel_step_is_a_zoo_model(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        zoo.main(["--models", "mobilenet_v2_2_workers,no_such_model", "--out", str(tmp_path / "zoo")])
+    refused = capsys.readouterr().err
+    assert "unknown models no_such_model;" in refused and "mobilenet_v2_2_workers" in refused.split(";")[1]

@@ -275,3 +275,15 @@ def test_add_n_sums_into_an_input_no_one_reads_later():
     assert max(trace.devices[""].live_bytes) == 2000
     later = simulate(summed(True), _order(summed(True)))  # a has a reader after the sum: b's buffer
     assert later.buffer_of[TensorRef("sum")] == TensorRef("b")
+
+
+def test_nodes_placed_on_the_default_device_by_name_share_its_memory():
+    # tf.distribute places a worker's ops on "/job:worker/replica:0/task:0/device:CPU:0"; its variables'
+    # handles stay unplaced: on the emulated device both are one arena
+    placed = "/job:worker/replica:0/task:0/device:CPU:0"
+    steps = graph(node("a", "Op", outputs=(1000,)), node("b", "Op", ["a"], outputs=(500,), device=placed),
+                  node("c", "Op", ["b"], outputs=(4,)))
+    order = ["a", "b", "c"]
+    assert set(simulate(steps, order).devices) == {"", "CPU:0"}
+    merged = simulate(steps, order, default_device="CPU:0")
+    assert set(merged.devices) == {""} and merged.peak_bytes == 1500
