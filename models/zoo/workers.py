@@ -38,9 +38,10 @@ _WORKERS = 2
 def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
                 hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600) -> list[dict[str, Any]]:
     """Run the two workers (see the module docstring) and return each one's result, by index. hold_mb: MiB
-    each worker allocates on its device after `optimize` returns and keeps through training (to show what
-    a worker that runs out of memory does to the other). A worker still running after `timeout_s` seconds
-    is killed and reported as {"error": "timeout"}."""
+    each worker allocates on its device after training, for one more call (to show what a worker that runs
+    out of memory does to the other; `_call_holding`; every worker makes that call when any holds memory):
+    its outcome in the result's "after_hold". A worker
+    still running after `timeout_s` seconds is killed and reported as {"error": "timeout"}."""
     ports = _free_ports(_WORKERS)
     with tempfile.TemporaryDirectory() as folder:
         outputs = [os.path.join(folder, f"worker{index}.json") for index in range(_WORKERS)]
@@ -50,7 +51,7 @@ def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float
             [sys.executable, "-m", "models.zoo.workers", "--worker", str(index), "--ports", ",".join(map(str, ports)),
              "--model", model, "--batch", str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps),
              "--hold-mb", str(hold_mb[index]), "--out", outputs[index]]
-            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]),
+            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb),
             stdout=subprocess.DEVNULL, stderr=logs[index]) for index in range(_WORKERS)]
         deadline = time.monotonic() + timeout_s
         results = []
@@ -115,7 +116,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int, budget_mb: Optional[float],
-            steps: int, hold_mb: int) -> dict[str, Any]:
+            steps: int, hold_mb: int, call_holding: bool) -> dict[str, Any]:
     """One worker's run; the emulated device is configured before TensorFlow starts."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
                                           "task": {"type": "worker", "index": index}})
@@ -173,7 +174,6 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
         result.update(optimize_s=time.perf_counter() - started, plan_digest=str(plan_digest(step.plan)),
                       decisions=len(step.plan.decisions), loop_swaps=len(step.plan.loop_swaps),
                       predicted_peak_bytes=step.plan.predicted_peak_after_bytes, **loss_found(step.analysis))
-    held = [tf.zeros([1 << 20]) for _ in range(hold_mb // 4)]  # 4 MiB each: one block fits the arena's regions
     losses, peaks, seconds = [], [], []
     for _ in range(steps):
         device.reset_peak()
@@ -181,11 +181,27 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
         losses.append(float(step(images, labels)))
         seconds.append(time.perf_counter() - started)
         peaks.append(device.memory_stats().peak_bytes)
-    del held
     variables = tuple(network.variables) + tuple(optimizer.variables)
     later = sorted(seconds[1:]) or seconds
-    return {**result, "losses": losses, "peak_bytes": max(peaks), "digest": digest(variables),
-            "step_s": later[len(later) // 2]}
+    result.update(losses=losses, peak_bytes=max(peaks), digest=digest(variables), step_s=later[len(later) // 2])
+    if call_holding:
+        result["after_hold"] = _call_holding(step, (images, labels), hold_mb)
+    return result
+
+
+def _call_holding(step, args: tuple, hold_mb: int) -> dict[str, str]:
+    """One more call of `step` with `hold_mb` MiB more in use on the device: the error it (or, on the
+    other worker, its collective) raised, or {} when it trained."""
+    import tensorflow as tf
+
+    held = [tf.zeros([1 << 20]) for _ in range(hold_mb // 4)]  # 4 MiB each: one block fits the arena's regions
+    try:
+        float(step(*args))
+    except tf.errors.OpError as error:
+        return {"error": type(error).__name__, "message": str(error)[:2000]}
+    finally:
+        del held
+    return {}
 
 
 def _model(name: str):
@@ -213,6 +229,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--hold-mb", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--call-holding", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("batch", "arena_mb", "steps"):
@@ -225,7 +242,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     try:
         result = _worker(args.worker, [int(port) for port in args.ports.split(",")], args.model, args.batch,
-                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb)
+                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding)
     except Exception as error:  # reported to the launcher, which shows every worker's outcome
         result = {"error": type(error).__name__, "message": str(error)[:2000]}
     with open(args.out + ".part", "w") as file:
