@@ -36,7 +36,7 @@ _WORKERS = 2
 
 
 def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
-                hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600) -> list[dict[str, Any]]:
+                hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600, keras_fit: bool = False) -> list[dict[str, Any]]:
     """Run the two workers (see the module docstring) and return each one's result, by index. hold_mb: MiB
     each worker allocates on its device after training, for one more call (to show what a worker that runs
     out of memory does to the other; `_call_holding`; every worker makes that call when any holds memory):
@@ -51,7 +51,8 @@ def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float
             [sys.executable, "-m", "models.zoo.workers", "--worker", str(index), "--ports", ",".join(map(str, ports)),
              "--model", model, "--batch", str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps),
              "--hold-mb", str(hold_mb[index]), "--out", outputs[index]]
-            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb),
+            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb)
+            + ["--keras-fit"] * keras_fit,
             stdout=subprocess.DEVNULL, stderr=logs[index]) for index in range(_WORKERS)]
         deadline = time.monotonic() + timeout_s
         results = []
@@ -116,7 +117,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int, budget_mb: Optional[float],
-            steps: int, hold_mb: int, call_holding: bool) -> dict[str, Any]:
+            steps: int, hold_mb: int, call_holding: bool, keras_fit: bool) -> dict[str, Any]:
     """One worker's run; the emulated device is configured before TensorFlow starts."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
                                           "task": {"type": "worker", "index": index}})
@@ -133,6 +134,8 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     with strategy.scope():
         network, optimizer = _model(model), tf.keras.optimizers.SGD(0.01, momentum=0.9)
         optimizer.build(network.trainable_variables)
+    if keras_fit:
+        return _fitted(network, optimizer, strategy, batch, budget_mb, steps, device)
     rng = np.random.default_rng(index)
     images = tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32))
     labels = tf.constant(rng.integers(0, 10, [batch]).astype(np.int32))
@@ -189,6 +192,32 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     return result
 
 
+def _fitted(network, optimizer, strategy, batch: int, budget_mb: Optional[float], steps: int, device) -> dict:
+    """Keras `fit` of `network` for `steps` batches of `batch` images per worker (the same seeded data on
+    every worker, which Keras shards), through `seqmem.keras.fit_within_budget` when `budget_mb` is given:
+    the loss Keras logs after each batch, the peak, the variables' digest."""
+    import numpy as np
+    import tensorflow as tf
+
+    from models.zoo.jobs import digest
+    from seqmem.runtime.keras import fit_within_budget
+
+    with strategy.scope():
+        network.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if budget_mb is not None:
+        fit_within_budget(network, budget_mb)
+    rng = np.random.default_rng(0)
+    count = batch * strategy.num_replicas_in_sync * steps
+    data = tf.data.Dataset.from_tensor_slices((rng.standard_normal([count, 32, 32, 3]).astype(np.float32),
+                                               rng.integers(0, 10, [count]).astype(np.int32)))
+    losses = []
+    record = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda _, logs: losses.append(float(logs["loss"])))
+    device.reset_peak()
+    network.fit(data.batch(batch * strategy.num_replicas_in_sync), epochs=1, verbose=0, callbacks=[record])
+    variables = tuple(network.variables) + tuple(optimizer.variables)
+    return {"losses": losses, "peak_bytes": device.memory_stats().peak_bytes, "digest": digest(variables)}
+
+
 def _call_holding(step, args: tuple, hold_mb: int) -> dict[str, str]:
     """One more call of `step` with `hold_mb` MiB more in use on the device: the error it (or, on the
     other worker, its collective) raised, or {} when it trained."""
@@ -226,6 +255,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--arena-mb", type=int, default=1024, help="each worker's emulated device, MiB")
     parser.add_argument("--budget-mb", type=float, default=None, help="optimize to this budget (default: as written)")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--keras-fit", action="store_true",
+                        help="train with Keras fit (seqmem.keras.fit_within_budget with --budget-mb) instead")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--hold-mb", type=int, default=0, help=argparse.SUPPRESS)
@@ -237,12 +268,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.worker is None:
         for index, result in enumerate(run_workers(args.model, args.batch, args.arena_mb, args.budget_mb,
-                                                   args.steps)):
+                                                   args.steps, keras_fit=args.keras_fit)):
             print(json.dumps({"worker": index, **result}))
         return 0
     try:
         result = _worker(args.worker, [int(port) for port in args.ports.split(",")], args.model, args.batch,
-                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding)
+                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding, args.keras_fit)
     except Exception as error:  # reported to the launcher, which shows every worker's outcome
         result = {"error": type(error).__name__, "message": str(error)[:2000]}
     with open(args.out + ".part", "w") as file:

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 import tensorflow as tf
+from keras.src.engine.training import reduce_per_replica  # what Keras' own train function reduces logs with
 
 from seqmem.errors import UnknownShapeError
 from seqmem.runtime.measure import inputs_like
@@ -31,26 +32,39 @@ def fit_within_budget(model: tf.keras.Model, memory_budget_mb: float, **optimize
     """Install a budget-optimized train function on a compiled `model`; returns `model`.
 
     optimize_options: passed on to `seqmem.optimize` (e.g. safety_margin).
-    Call it after `compile` (which resets the train function). Raises ValueError
+    Under a `tf.distribute` strategy (the model built in its scope) each
+    replica runs the step, as Keras' own `fit` does, and every worker makes the
+    same plan. Call it after `compile` (which resets the train function). Raises ValueError
     for an uncompiled model or a bad budget (checked when the first batch arrives).
     """
     _check_compiled(model, "compile the model (model.compile(optimizer, loss)) before fit_within_budget")
-    if getattr(model, "_steps_per_execution", None) is not None and int(model._steps_per_execution) != 1:
+    if getattr(model, "_steps_per_execution", None) is not None and int(model._steps_per_execution.numpy()) != 1:
         raise ValueError("fit_within_budget runs one step per call: compile with steps_per_execution=1")
+    strategy = model.distribute_strategy
+    local_replicas = _local_replicas(strategy)
+    if local_replicas != 1:
+        raise ValueError(f"fit_within_budget runs one replica per worker, on one device; this strategy has "
+                         f"{local_replicas} here: give each worker one device")
     steps: dict[tuple, OptimizedStep] = {}
 
-    @tf.function
-    def train_step(data):
+    def run_step(data):
         logs = model.train_step(data)
         model._train_counter.assign_add(1)
         return logs
 
+    @tf.function
+    def train_step(data):  # as Keras' own train function: each replica's step, the logs reduced as Keras does
+        return reduce_per_replica(strategy.run(run_step, args=(data,)), strategy,
+                                  reduction=model.distribute_reduction_method)
+
     def train_function(iterator):
-        data = next(iterator)
+        # a distributed iterator gives this worker's replica's batch wrapped as a PerReplica value
+        data = tf.nest.map_structure(lambda value: strategy.experimental_local_results(value)[0], next(iterator))
         specs = tf.nest.map_structure(tf.TensorSpec.from_tensor, data)
         key = tuple((tuple(spec.shape), spec.dtype.name) for spec in tf.nest.flatten(specs))
         if key not in steps:
-            steps[key] = optimize(train_step, memory_budget_mb, input_signature=[specs], **optimize_options)
+            with strategy.scope():  # several workers agree on one plan (`seqmem.runtime.workers`)
+                steps[key] = optimize(train_step, memory_budget_mb, input_signature=[specs], **optimize_options)
         return steps[key](data)
 
     train_function.optimized_steps = steps  # by batch shapes, for inspection (e.g. .plan)
@@ -87,6 +101,14 @@ def saved_model_step(batch: int, path: str) -> tuple[Any, Any, list]:
 
     specs = [features, labels]
     return step, tuple(inputs_like(specs)), specs
+
+
+def _local_replicas(strategy: tf.distribute.Strategy) -> int:
+    """How many replicas of `strategy` run in this process."""
+    try:
+        return len(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy, which has no device list: one replica
+        return 1
 
 
 def _check_compiled(model: tf.keras.Model, message: str) -> None:

@@ -103,3 +103,16 @@ def test_two_workers_run_one_plan_bit_for_bit_and_one_out_of_memory_fails_both()
     assert failed["error"] == "ResourceExhaustedError", failed
     # the other worker's all-reduce fails with the first one's message instead of waiting for it
     assert other["error"] == "UnavailableError" and ABORT_MARK in other["message"], other
+
+
+@pytest.mark.device
+def test_keras_fit_within_budget_on_two_workers_trains_as_plain_fit():
+    from models.zoo.workers import run_workers
+
+    plain = run_workers("small_cnn", 64, 1024, None, 2, keras_fit=True)
+    budget_mb = int(0.7 * max(result["peak_bytes"] for result in plain) / (1 << 20))
+    fitted = run_workers("small_cnn", 64, 1024, budget_mb, 2, keras_fit=True)
+    assert all("losses" in result for result in plain + fitted), plain + fitted
+    for before, after in zip(plain, fitted):
+        assert after["peak_bytes"] <= budget_mb << 20
+        assert (after["losses"], after["digest"]) == (before["losses"], before["digest"])
