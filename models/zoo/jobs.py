@@ -13,46 +13,54 @@ import hashlib
 import time
 from typing import Any
 
-__all__ = ["digest", "loss_found", "original", "optimized"]
+__all__ = ["digest", "loss_found", "optimized", "optimized_step", "original", "predicted", "trained"]
 
 
 def original(name: str, batch: int, steps: int) -> dict[str, Any]:
-    """Train zoo step `name` at `batch` as written: its losses, the digest of its variables afterwards, the
-    highest measured peak (bytes) of the calls, seqmem's predicted peak of one call (kernels' scratch
-    measured, as `optimize` does) and the loss seqmem finds in it, and the median seconds of the calls
-    after the first."""
-    from seqmem.runtime import device
-    from seqmem.runtime.step_analysis import analyze_function
-    from seqmem.sim.simulator import simulate
-
+    """Train zoo step `name` at `batch` as written: `predicted`'s fields, then `trained`'s."""
     built = _built(name, batch)
-    function = built.step.get_concrete_function(*built.inputs)
-    analysis = analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
-    predicted = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
-    return {**_trained(built, steps, device), "predicted_peak_bytes": predicted, **loss_found(analysis)}
+    return {**predicted(built), **trained(built, steps)}
 
 
 def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:
-    """Train zoo step `name` at `batch` through `seqmem.optimize(step, budget_mb, sample_inputs=...)`:
-    `original`'s fields (the plan's predicted peak), plus the plan's decisions and loop swaps and the
-    seconds `optimize` took. A budget no plan fits gives {"infeasible": the error's message,
-    "smallest_peak_bytes": ..., "optimize_s": ...}."""
-    from seqmem.errors import InfeasibleBudgetError
-    from seqmem.runtime import device
-    from seqmem.runtime.optimize import optimize
+    """Train zoo step `name` at `batch` through `seqmem.optimize`: `optimized_step`'s fields, then
+    `trained`'s; only the former when no plan fits the budget."""
+    step, fields = optimized_step(_built(name, batch), budget_mb)
+    return fields if step is None else {**fields, **trained(step, steps)}
 
-    built = _built(name, batch)
+
+def predicted(built) -> dict[str, Any]:
+    """seqmem's predicted peak (bytes) of one call of the `ZooStep` as written (kernels' scratch measured,
+    as `optimize` does) and the loss it finds (`loss_found`)."""
+    from seqmem.runtime.step_analysis import analyze_function
+    from seqmem.sim.simulator import simulate
+
+    function = built.step.get_concrete_function(*built.inputs)
+    analysis = analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
+    peak = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
+    return {"predicted_peak_bytes": peak, **loss_found(analysis)}
+
+
+def optimized_step(built, budget_mb: float):
+    """(the `ZooStep` with its step through `seqmem.optimize(step, budget_mb, sample_inputs=...)`, fields):
+    the plan's predicted peak and digest (`seqmem.runtime.workers.plan_digest`), the loss found, decisions,
+    loop swaps and the seconds `optimize` took. A budget no plan fits gives (None, {"infeasible": the
+    error's message, "smallest_peak_bytes": ..., "optimize_s": ...})."""
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime.optimize import optimize
+    from seqmem.runtime.workers import plan_digest
+
     started = time.perf_counter()
     try:
         step = optimize(built.step, budget_mb, sample_inputs=built.inputs)
     except InfeasibleBudgetError as error:
-        return {"infeasible": str(error)[:600], "smallest_peak_bytes": error.smallest_peak_bytes,
-                "optimize_s": time.perf_counter() - started}
-    optimize_s = time.perf_counter() - started
-    plan = step.plan
-    trained = _trained(dataclasses.replace(built, step=step), steps, device)
-    return {**trained, "predicted_peak_bytes": plan.predicted_peak_after_bytes, **loss_found(step.analysis),
-            "decisions": len(plan.decisions), "loop_swaps": len(plan.loop_swaps), "optimize_s": optimize_s}
+        return None, {"infeasible": str(error)[:600], "smallest_peak_bytes": error.smallest_peak_bytes,
+                      "optimize_s": time.perf_counter() - started}
+    optimize_s, plan = time.perf_counter() - started, step.plan
+    return dataclasses.replace(built, step=step), {
+        "predicted_peak_bytes": plan.predicted_peak_after_bytes, **loss_found(step.analysis),
+        "decisions": len(plan.decisions), "loop_swaps": len(plan.loop_swaps), "optimize_s": optimize_s,
+        "plan_digest": str(plan_digest(plan))}
 
 
 def _built(name: str, batch: int):
@@ -64,8 +72,11 @@ def _built(name: str, batch: int):
     return STEPS[name].build(batch)
 
 
-def _trained(built, steps: int, device) -> dict[str, Any]:
-    """Call the step `steps` times: losses, peaks (bytes, each call's), seconds per call, digest after."""
+def trained(built, steps: int) -> dict[str, Any]:
+    """Call the `ZooStep` `steps` times: losses, peaks (bytes, each call's, and the highest), the median
+    seconds of the calls after the first, the digest of its variables after."""
+    from seqmem.runtime import device
+
     losses, peaks, seconds = [], [], []
     for _ in range(steps):
         device.reset_peak()

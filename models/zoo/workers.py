@@ -8,10 +8,10 @@ Each builds the same Keras model under the strategy (same seed), draws its own
 `--batch` images (seeded by its index), and trains a `tf.function` calling
 `strategy.run` (gradients all-reduced across the workers) for `--steps` calls:
 as written, or, with `--budget-mb`, through `seqmem.optimize` under
-`strategy.scope()`. Prints one JSON line per worker: losses, peak bytes, a
-digest of the variables, and for an optimized run the plan's digest
-(`seqmem.runtime.workers.plan_digest`), decisions and `optimize` seconds, or the
-error a worker stopped with.
+`strategy.scope()`. Prints one JSON line per worker: the fields of the zoo's
+jobs (`models.zoo.jobs`: losses, peaks, a digest of the variables; the
+prediction and loss found; for an optimized run the plan's digest, decisions
+and `optimize` seconds), or the error a worker stopped with.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float
     """Run the two workers (see the module docstring) and return each one's result, by index. hold_mb: MiB
     each worker allocates on its device after training, for one more call (to show what a worker that runs
     out of memory does to the other; `_call_holding`; every worker makes that call when any holds memory):
-    its outcome in the result's "after_hold". A worker
-    still running after `timeout_s` seconds is killed and reported as {"error": "timeout"}."""
+    its outcome in the result's "after_hold". A worker still running after `timeout_s` seconds is killed
+    and reported as {"error": "timeout"}."""
     ports = _free_ports(_WORKERS)
     with tempfile.TemporaryDirectory() as folder:
         outputs = [os.path.join(folder, f"worker{index}.json") for index in range(_WORKERS)]
@@ -127,7 +127,8 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     import numpy as np
     import tensorflow as tf
 
-    from models.zoo.jobs import digest, loss_found
+    from models.zoo.jobs import optimized_step, predicted, trained
+    from models.zoo.steps import ZooStep
 
     tf.config.experimental.enable_op_determinism()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -154,41 +155,18 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     def step(images, labels):
         return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
 
-    result: dict[str, Any] = {}
-    if budget_mb is None:  # seqmem's prediction of the step as written, as `models.zoo.jobs.original` makes it
-        from seqmem.runtime.step_analysis import analyze_function
-        from seqmem.sim.simulator import simulate
-
-        analysis = analyze_function(step.get_concrete_function(images, labels), measure_scratch=True)
-        result.update(predicted_peak_bytes=simulate(analysis.graph, analysis.order, allocator="bfc",
-                                                    **analysis.simulator_options()).peak_bytes,
-                      **loss_found(analysis))
+    built = ZooStep(step, (images, labels), tuple(network.variables) + tuple(optimizer.variables))
+    if budget_mb is None:
+        fields = predicted(built)
     else:
-        from seqmem.errors import InfeasibleBudgetError
-        from seqmem.runtime.optimize import optimize
-        from seqmem.runtime.workers import plan_digest
-
-        started = time.perf_counter()
-        try:
-            with strategy.scope():
-                step = optimize(step, budget_mb, sample_inputs=(images, labels))
-        except InfeasibleBudgetError as error:
-            return {"infeasible": str(error)[:600], "optimize_s": time.perf_counter() - started}
-        result.update(optimize_s=time.perf_counter() - started, plan_digest=str(plan_digest(step.plan)),
-                      decisions=len(step.plan.decisions), loop_swaps=len(step.plan.loop_swaps),
-                      predicted_peak_bytes=step.plan.predicted_peak_after_bytes, **loss_found(step.analysis))
-    losses, peaks, seconds = [], [], []
-    for _ in range(steps):
-        device.reset_peak()
-        started = time.perf_counter()
-        losses.append(float(step(images, labels)))
-        seconds.append(time.perf_counter() - started)
-        peaks.append(device.memory_stats().peak_bytes)
-    variables = tuple(network.variables) + tuple(optimizer.variables)
-    later = sorted(seconds[1:]) or seconds
-    result.update(losses=losses, peak_bytes=max(peaks), digest=digest(variables), step_s=later[len(later) // 2])
+        with strategy.scope():
+            optimized, fields = optimized_step(built, budget_mb)
+        if optimized is None:
+            return fields
+        built = optimized
+    result = {**fields, **trained(built, steps)}
     if call_holding:
-        result["after_hold"] = _call_holding(step, (images, labels), hold_mb)
+        result["after_hold"] = _call_holding(built.step, built.inputs, hold_mb)
     return result
 
 

@@ -438,25 +438,23 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:
     """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
-    synthetic), or None if one ran out of memory. A call that does not fit waits in the allocator's
-    retry (10 s on the emulated device) before it fails: an idle wait calibration expects."""
+    synthetic), or None if one ran out of memory; for a step of several workers, whose collectives that
+    aborted, InfeasibleBudgetError instead. A call that does not fit waits in the allocator's retry (10 s on
+    the emulated device) before it fails: an idle wait calibration expects."""
     args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
     try:
         with stall_watch.expected_idle():
             return max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
-    except tf.errors.ResourceExhaustedError as error:
-        if step.workers is not None:  # the step aborted every worker's collectives: no worker can go on
-            raise InfeasibleBudgetError(
-                f"the optimized step ran out of memory on this worker in calibration, over the "
-                f"{step.plan.budget_bytes / MIB:.1f} MB budget; the other workers' collectives were aborted, so "
-                f"no worker can re-plan. Restart every worker with a higher budget or a smaller batch. "
-                f"({failure_line(error.message)})") from None
-        return None
-    except tf.errors.UnavailableError as error:
-        if step.workers is None or ABORT_MARK not in error.message:
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError) as error:
+        ran_out = isinstance(error, tf.errors.ResourceExhaustedError)
+        if step.workers is None and ran_out:
+            return None
+        if step.workers is None or not (ran_out or ABORT_MARK in error.message):
             raise
+        # this worker's step aborted every worker's collectives, or another worker's did: none can go on
+        where = "on this worker" if ran_out else "on another worker"
         raise InfeasibleBudgetError(
-            f"another worker's optimized step ran out of memory in calibration, over the "
-            f"{step.plan.budget_bytes / MIB:.1f} MB budget, and aborted the collectives, so no worker can "
-            f"re-plan. Restart every worker with a higher budget or a smaller batch. "
+            f"the optimized step ran out of memory {where} in calibration, over the "
+            f"{step.plan.budget_bytes / MIB:.1f} MB budget, and the workers' collectives were aborted, so no "
+            f"worker can re-plan. Restart every worker with a higher budget or a smaller batch. "
             f"({failure_line(error.message)})") from None

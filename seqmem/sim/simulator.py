@@ -60,9 +60,8 @@ without the iterations replayed).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
@@ -153,14 +152,11 @@ class MemoryTrace:
         return max(self.devices.values(), key=lambda t: t.peak_bytes)
 
 
-def _short_device(device: str) -> str:
-    marker = "device:"
-    return device[device.index(marker) + len(marker):] if marker in device else device
-
-
 def _timeline(device: str, default_device: str) -> str:
-    """The timeline a node placed on `device` runs on: "" for the default device, by name or unplaced."""
-    short = _short_device(device)
+    """The timeline a node placed on `device` runs on: the device's short name ("CPU:0"); "" for the
+    default device, placed by name or unplaced."""
+    marker = "device:"
+    short = device[device.index(marker) + len(marker):] if marker in device else device
     return "" if short == default_device else short
 
 
@@ -269,16 +265,15 @@ def simulate(
         scratch_bytes = static_scratch_bytes(graph)
     memories: dict[str, _DeviceMemory] = {}
     model = (allocator, limit_bytes, reserved_arena)
-    timeline_of = functools.partial(_timeline, default_device=default_device)
-    _instantiate(graph, memories, model, timeline_of)
+    _instantiate(graph, memories, model, default_device)
     if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {}, timeline_of)
+        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {}, default_device)
     trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
-                 timeline_of)
+                 default_device)
     return _with_in_use_before(trace, memories, in_use_before_bytes or {})
 
 
-def _instantiate(graph: Graph, memories: dict, allocator: tuple, timeline_of: Callable[[str], str]) -> None:
+def _instantiate(graph: Graph, memories: dict, allocator: tuple, default_device: str) -> None:
     """Allocate, in `memories`, what is on the device before the step runs, in the order it got there:
 
     - the variables behind the step's resource handles (`Node.resource_bytes`), in graph order: a function
@@ -291,7 +286,7 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple, timeline_of: Ca
       of the first call of the NMT step and of a Keras LSTM language model: every constant they hold
       allocated before their first op ran, the calls' and loop bodies' last)."""
     def memory_of(node) -> _DeviceMemory:
-        device = timeline_of(node.device)
+        device = _timeline(node.device, default_device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
         return memories[device]
@@ -311,7 +306,7 @@ def _instantiate(graph: Graph, memories: dict, allocator: tuple, timeline_of: Ca
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations,
-         timeline_of) -> MemoryTrace:
+         default_device) -> MemoryTrace:
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     swap_ins_before: dict[int, list[TensorRef]] = {}
     swap_outs_after: dict[int, list[TensorRef]] = {}
@@ -353,7 +348,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         node = nodes[name]
         device = short_devices.get(node.device)
         if device is None:
-            device = short_devices[node.device] = timeline_of(node.device)
+            device = short_devices[node.device] = _timeline(node.device, default_device)
         if device not in memories:
             memories[device] = _DeviceMemory(*allocator)
         memory = memories[device]
