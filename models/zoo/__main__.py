@@ -88,13 +88,18 @@ def _error(result: dict) -> float | None:
 
 
 def markdown(rows: list[dict], runs: int) -> str:
-    """The zoo's table: one row per model."""
+    """The zoo's table: one row per model, then the sums each original adds as their terms arrive."""
     lines = ["| model | family | batch | loss found | original MB: measured (predicted) | budget MB | "
              f"optimized MB: measured (predicted), of {runs} | within budget | bit for bit | decisions | "
              "optimize s | step time vs original |",
              "|---|---|---:|---|---|---:|---|---|---|---:|---:|---:|"]
     for row in rows:
         lines.append(_markdown_row(row, runs))
+    arrival = [f"{row['model']} ({', '.join(row['original']['arrival_sums'])})" for row in rows
+               if row["original"].get("arrival_sums")]
+    if arrival:
+        lines += ["", "Sums the original adds as their terms arrive (Grappler's memory optimizer; seqmem's step adds "
+                      "them in graph order): " + "; ".join(arrival) + "."]
     return "\n".join(lines)
 
 

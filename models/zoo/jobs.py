@@ -13,13 +13,24 @@ import hashlib
 import time
 from typing import Any
 
-__all__ = ["digest", "loss_found", "optimized", "optimized_step", "original", "predicted", "trained"]
+__all__ = ["arrival_sums", "digest", "loss_found", "optimized", "optimized_step", "original", "predicted",
+           "trained"]
 
 
 def original(name: str, batch: int, steps: int) -> dict[str, Any]:
-    """Train zoo step `name` at `batch` as written: `predicted`'s fields, then `trained`'s."""
+    """Train zoo step `name` at `batch` as written: `predicted`'s fields, then `trained`'s, and the sums its
+    graph adds as their terms arrive (`arrival_sums`)."""
+    from tensorflow.python.eager import context
+
     built = _built(name, batch)
-    return {**predicted(built), **trained(built, steps)}
+    fields = predicted(built)
+    context.enable_graph_collection()  # the graphs TensorFlow runs, collected as it instantiates the step
+    try:
+        fields.update(trained(built, steps))
+        fields["arrival_sums"] = arrival_sums(context.export_run_metadata())
+    finally:
+        context.disable_graph_collection()
+    return fields
 
 
 def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:
@@ -87,6 +98,15 @@ def trained(built, steps: int) -> dict[str, Any]:
     later = sorted(seconds[1:]) or seconds
     return {"losses": losses, "digest": digest(built.variables), "peak_bytes": max(peaks), "peaks": peaks,
             "step_s": later[len(later) // 2]}
+
+
+def arrival_sums(metadata) -> list[str]:
+    """The sums (`AddN` nodes) that Grappler's memory optimizer made, in the graphs of `metadata` (a
+    RunMetadata whose graphs were collected as the step was instantiated), into a temporary variable each term
+    is added to as it arrives (`<AddN>/tmp_var`): their values depend on the order the executor runs the
+    terms' producers in."""
+    return sorted({node.name.removesuffix("/tmp_var") for function in metadata.function_graphs
+                   for graph in function.partition_graphs for node in graph.node if node.op == "TemporaryVariable"})
 
 
 def digest(variables) -> str:

@@ -1,12 +1,24 @@
-"""Running a step's graph as TensorFlow holds it, rewritten or pruned, with the step's own inputs and variables."""
+"""Running a step's graph as TensorFlow holds it, rewritten or pruned, with the step's own inputs and variables.
+
+A rewritten graph runs without Grappler's memory optimizer. Where TensorFlow
+estimates a graph's peak above half the device's memory, that optimizer turns
+an `AddN` of more than two gradients into a temporary variable that each
+gradient is added to as it arrives (`SchedulingPass`, memory_optimizer.cc):
+the sum then depends on the order the executor runs their producers in, which
+a pinned order changes by design, and its buffers are not the ones seqmem's
+plan accounts for. Without it, every `AddN` sums its inputs in graph order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Optional
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.eager import context
 
 from seqmem.edge import capture
 
@@ -35,6 +47,29 @@ def graph_def_runner(function: capture.ConcreteFunction, graph_def: graph_pb2.Gr
 
     signature = [tf.TensorSpec(t.shape, t.dtype) for t in user_inputs]
     wrapped = tf.compat.v1.wrap_function(body, signature)
-    if fetches is None:
-        return wrapped
-    return wrapped.prune(feeds=wrapped.inputs[:len(user_inputs)], fetches=wrapped.outputs)
+    if fetches is not None:
+        wrapped = wrapped.prune(feeds=wrapped.inputs[:len(user_inputs)], fetches=wrapped.outputs)
+    return _without_memory_optimizer(wrapped)
+
+
+def _without_memory_optimizer(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, called with this thread's function options less Grappler's memory optimizer."""
+
+    def call(*args: Any) -> Any:
+        with _function_options_without_memory_optimizer():
+            return function(*args)
+
+    return call
+
+
+@contextlib.contextmanager
+def _function_options_without_memory_optimizer() -> Iterator[None]:
+    ctx = context.context()
+    options = ctx.function_call_options
+    config = config_pb2.ConfigProto.FromString(options.config_proto_serialized)
+    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+    ctx.function_call_options = context.FunctionCallOptions(options.executor_type, config)
+    try:
+        yield
+    finally:
+        ctx.function_call_options = options

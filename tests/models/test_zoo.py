@@ -25,6 +25,14 @@ def test_the_table_shows_a_failed_run_and_a_floor():
     assert "| 0/2 | 0/2 |" in line
 
 
+def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():
+    original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
+                "losses": [1.0], "digest": "d", "step_s": 1.0}
+    rows = [{"model": name, "family": "f", "batch": 4, "budget_mb": 7, "original": dict(original, arrival_sums=sums),
+             "optimized": []} for name, sums in (("a", ["AddN_2"]), ("b", []))]
+    assert zoo.markdown(rows, 1).splitlines()[-1].endswith("graph order): a (AddN_2).")
+
+
 @pytest.mark.parametrize("argv, named", [(["--models", "resnet50,no_such_model"], "no_such_model"),
                                          (["--runs", "0"], "--runs"), (["--steps", "-1"], "--steps"),
                                          (["--fraction", "1.5"], "--fraction")])
