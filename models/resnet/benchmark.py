@@ -19,10 +19,15 @@ training step (SGD with momentum, synthetic images):
   the paper's M_opt: the peak of seqmem's lowest plan (swaps), in that arena.
 - A PNG of predicted memory over one step at B_base, baseline and seqmem
   (the paper's Figure 1 before and after), with the measured peaks.
+- With --at-batch, neither table: each variant at that batch under --budget-mb
+  in --runs fresh processes, each a row: trained or not, measured and
+  predicted peaks, the seconds `seqmem.optimize` took (calibration included),
+  throughput.
 
     python -m models.resnet.benchmark                 # ResNet-50 at 64x64, 1024 MB; depths 101/200/1001/2000
     python -m models.resnet.benchmark --quick         # ResNet-20 at 32x32, 256 MB: a few minutes
     python -m models.resnet.benchmark --tables b --depths 2000   # one row of Table 1(b) only
+    python -m models.resnet.benchmark --at-batch 654 --variants seqmem --runs 3   # one batch: trains? in what?
     python -m models.resnet.benchmark --tables a --variants seqmem,seqmem-lossless,seqmem-all \
         --host-memory-mb 512                          # the kinds where host memory bounds the swaps
 """
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe process")
     parser.add_argument("--executor", choices=EXECUTORS, default="one-stream", help="the emulated device's executor")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes a batch must train in to count as fitting")
+    parser.add_argument("--at-batch", type=int, default=None,
+                        help="no tables: each of --variants (and 'baseline' if listed) at this batch, --runs times")
     parser.add_argument("--batches-only", action="store_true",
                         help="Table 1(a)'s batches alone: no peaks and throughput at B_base and B_opt, no memory chart")
     parser.add_argument("--jobs", type=int, default=1,
@@ -214,13 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     if min([args.image_size, args.classes, args.budget_mb, args.max_batch, args.depth_batch, args.depth_image_size,
             args.depth_budget_mb, args.timeout_s, args.jobs, args.runs] + depths) < 1:
         parser.error("sizes, budgets, batches, depths, the timeout, jobs and runs must be positive")
+    if args.at_batch is not None and args.at_batch < 1:
+        parser.error(f"--at-batch must be a positive batch, got {args.at_batch}")
     if args.host_memory_mb is not None and not 0 < args.host_memory_mb < float("inf"):
         parser.error(f"--host-memory-mb must be a positive number, got {args.host_memory_mb}")
     if not 0 <= args.precision < 1:
         parser.error(f"--precision must be in [0, 1), got {args.precision}")
     others = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    if not others or not set(others) <= set(VARIANTS[1:]):
-        parser.error(f"--variants must be a comma-separated selection of {VARIANTS[1:]}, got {args.variants!r}")
+    allowed = VARIANTS if args.at_batch else VARIANTS[1:]
+    if not others or not set(others) <= set(allowed):
+        parser.error(f"--variants must be a comma-separated selection of {allowed}, got {args.variants!r}")
     from models.resnet.model import IMAGENET_STAGES
 
     for depth in [args.depth] + depths:
@@ -234,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     host = args.host_memory_mb
     one_stream = args.executor == "one-stream"
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
+    if args.at_batch:
+        report["at_batch"] = {variant: [value_or_verdict(run_with_budget(
+            bench.measure, variant, args.depth, args.at_batch, args.image_size, args.classes, args.budget_mb, host,
+            budget_mb=args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)) for _ in range(args.runs)]
+            for variant in others}
+    tables = "" if args.at_batch else args.tables
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         def run(function, *call_args, budget_mb):
             result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=args.timeout_s,
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
         table_a = report["table_a"]
         report["at_base"], report["at_opt"] = {}, {}
-        if "a" in args.tables:
+        if "a" in tables:
             bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
             table_a["limit"] = value_or_verdict(bounds)
             guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
@@ -281,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
                             curves, host, budget_mb=max(4 * args.budget_mb, 4096))
                 report["memory_png"] = curves if drawn.ok else drawn.verdict
-        for depth in depths if "b" in args.tables else ():
+        for depth in depths if "b" in tables else ():
             row = {"depth": depth}
             for variant in ("baseline", "seqmem"):
                 measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
@@ -302,6 +318,21 @@ def format_report(report: dict[str, Any]) -> str:
     """The benchmark's tables in Markdown, from its JSON report."""
     args, table_a = report["args"], report["table_a"]
     lines = _format_table_a(report) if table_a else []
+    if report.get("at_batch"):
+        lines += [f"ResNet-{args['depth']}, {args['image_size']}x{args['image_size']}, {args['classes']} classes, "
+                  f"batch {args['at_batch']}, emulated device {args['budget_mb']} MB{_host_limit(args)}, "
+                  f"one fresh process per run (measured peak: max of 3 steps; throughput: median step):",
+                  "| variant | run | measured peak (MB) | predicted peak (MB) | conserved | optimize s | images/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for variant, runs in report["at_batch"].items():
+            for index, row in enumerate(runs, 1):
+                if "error" in row:
+                    lines.append(f"| {variant} | {index} | {row['error']} | - | - | - | - |")
+                    continue
+                optimize_s = f"{row['build_s']:.0f}" if variant in SEQMEM_KINDS else "-"
+                lines.append(f"| {variant} | {index} | {row['peak_bytes'] / MIB:.1f} | "
+                             f"{row['predicted_peak_bytes'] / MIB:.1f} | {row['swaps']} | {optimize_s} | "
+                             f"{row['images_per_s']:.1f} |")
     if report["table_b"]:
         lines += ["", f"Table 1(b): measured peak at batch {args['depth_batch']}, {args['depth_image_size']}x"
                       f"{args['depth_image_size']}, emulated device {args['depth_budget_mb']} MB "

@@ -8,6 +8,7 @@ peak and step time at a given batch.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -93,8 +94,11 @@ def trains(batch: int, workload: Workload) -> bool:
 
 def measure(batch: int, workload: Workload, steps: int = 3) -> dict[str, Any]:
     """Child process: the highest measured peak (bytes) and the median seconds of `steps` steps after a
-    warm-up, the predicted peak and the number of swaps."""
-    return _measured(runnable(workload, batch, predict=True), steps)
+    warm-up, the predicted peak, the number of swaps, and `build_s`: seconds building the step took
+    (`seqmem.optimize`, calibration included, for an optimized workload; the prediction otherwise)."""
+    started = time.perf_counter()
+    built = runnable(workload, batch, predict=True)
+    return {**_measured(built, steps), "build_s": time.perf_counter() - started}
 
 
 def _measured(built: Runnable, steps: int) -> dict[str, Any]:

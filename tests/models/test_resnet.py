@@ -89,7 +89,8 @@ def test_image_folder_bad_input(tmp_path):
 @pytest.mark.parametrize("argv", [["--depth", "12"], ["--budget-mb", "0"], ["--depths", "101,x"],
                                   ["--precision", "1.5"], ["--runs", "0"], ["--variants", "seqmem,fold"],
                                   ["--variants", ","], ["--host-memory-mb", "0"], ["--host-memory-mb", "inf"],
-                                  ["--host-memory-mb", "nan"], ["--frobnicate"]])
+                                  ["--host-memory-mb", "nan"], ["--at-batch", "0"],
+                                  ["--variants", "baseline"], ["--frobnicate"]])
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(argv)
@@ -142,6 +143,18 @@ def test_report_measures_every_kind_at_a_common_batch():
     assert "| seqmem | 200 | 190 | 12 | 50.0 | 0.50x |" in printed and "| seqmem-fp16 | oom | - | - | - | - |" in printed
     report["args"]["host_memory_mb"] = 512.0
     assert "emulated device 256 MB, swaps within 512 MB of host memory (largest batch" in benchmark.format_report(report)
+
+
+def test_report_at_one_batch_shows_each_run_with_the_time_optimize_took():
+    args = {"depth": 50, "image_size": 64, "classes": 1000, "budget_mb": 1024, "at_batch": 654}
+    trained = {"peak_bytes": 1000 << 20, "predicted_peak_bytes": 990 << 20, "swaps": 120, "images_per_s": 9.5,
+               "build_s": 412.3}
+    report = {"args": args, "table_a": {}, "at_base": {}, "at_opt": {}, "table_b": [],
+              "at_batch": {"baseline": [{"error": "oom", "message": ""}], "seqmem": [trained, {"error": "oom"}]}}
+    lines = benchmark.format_report(report).splitlines()
+    assert lines[0].startswith("ResNet-50, 64x64, 1000 classes, batch 654, emulated device 1024 MB")
+    assert "| baseline | 1 | oom | - | - | - | - |" in lines
+    assert "| seqmem | 1 | 1000.0 | 990.0 | 120 | 412 | 9.5 |" in lines and "| seqmem | 2 | oom | - | - | - | - |" in lines
 
 
 def test_every_workload_carries_the_host_memory_limit_for_optimize():
