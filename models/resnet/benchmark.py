@@ -327,7 +327,8 @@ def format_report(report: dict[str, Any]) -> str:
         for variant, runs in report["at_batch"].items():
             for index, row in enumerate(runs, 1):
                 if "error" in row:
-                    lines.append(f"| {variant} | {index} | {row['error']} | - | - | - | - |")
+                    last = (row.get("message") or "").strip().splitlines()[-1:] or [""]
+                    lines.append(f"| {variant} | {index} | {row['error']}: {last[0][:200]} | - | - | - | - |")
                     continue
                 optimize_s = f"{row['build_s']:.0f}" if variant in SEQMEM_KINDS else "-"
                 lines.append(f"| {variant} | {index} | {row['peak_bytes'] / MIB:.1f} | "

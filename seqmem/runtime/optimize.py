@@ -258,6 +258,9 @@ class _Planner:
         self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
         self._options = {"machine": machine, "options": options, "loop_swap_depth": loop_swap_depth}
         self._arena_bytes, self._measurable = arena_bytes, measurable
+        # the allocator model's message when it placed no plan's buffers in the arena and planning went on
+        # without it (for calibration to decide); None while it has not
+        self.unplaced: Optional[str] = None
         # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
         self._orders = {"as it is": (analysis, False)}
         self._split_barriers: tuple[str, ...] = ()  # of the pinned orders' graph
@@ -283,12 +286,12 @@ class _Planner:
         try:
             try:
                 plan = self._plan(target_bytes)
-            except ArenaFragmentationError:
+            except ArenaFragmentationError as error:
                 if self._arena_bytes is None or not self._measurable:
                     raise
                 # Only the allocator model's fragmentation stood in the way: a model, which calibration
                 # checks on the device itself. Plan without it from here on.
-                self._arena_bytes = None
+                self._arena_bytes, self.unplaced = None, str(error).split("; budget was")[0]
                 plan = self._plan(target_bytes)
         except InfeasibleBudgetError as error:
             if error.smallest_plan is not None:
@@ -428,9 +431,12 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
     except InfeasibleBudgetError as error:
         smallest = error.smallest_plan
         if smallest is None or smallest.predicted_peak_after_bytes >= plan.predicted_peak_after_bytes:
+            unplaced = "" if planner.unplaced is None or measured is not None else (
+                f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: "
+                f"{planner.unplaced}.")
             raise InfeasibleBudgetError(
                 f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
-                f"planning for less does not fit: {error}",
+                f"planning for less does not fit: {error}{unplaced}",
                 smallest_peak_bytes=error.smallest_peak_bytes, measured_peak_bytes=lowest_measured,
             ) from None
         return smallest  # the most-conserving plan: its measurement decides

@@ -153,8 +153,10 @@ def test_report_at_one_batch_shows_each_run_with_the_time_optimize_took():
               "at_batch": {"baseline": [{"error": "oom", "message": ""}], "seqmem": [trained, {"error": "oom"}]}}
     lines = benchmark.format_report(report).splitlines()
     assert lines[0].startswith("ResNet-50, 64x64, 1000 classes, batch 654, emulated device 1024 MB")
-    assert "| baseline | 1 | oom | - | - | - | - |" in lines
-    assert "| seqmem | 1 | 1000.0 | 990.0 | 120 | 412 | 9.5 |" in lines and "| seqmem | 2 | oom | - | - | - | - |" in lines
+    assert "| baseline | 1 | oom:  | - | - | - | - |" in lines
+    assert "| seqmem | 1 | 1000.0 | 990.0 | 120 | 412 | 9.5 |" in lines and "| seqmem | 2 | oom:  | - | - | - | - |" in lines
+    report["at_batch"] = {"seqmem": [{"error": "error", "message": "Traceback\nInfeasibleBudgetError: floor"}]}
+    assert "| seqmem | 1 | error: InfeasibleBudgetError: floor | - | - | - | - |" in benchmark.format_report(report)
 
 
 def test_every_workload_carries_the_host_memory_limit_for_optimize():

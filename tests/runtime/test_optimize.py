@@ -387,3 +387,31 @@ def test_a_step_with_dropout_and_a_generator_draws_what_the_original_draws_after
     assert run.ok, run.message
     calibrated, same_losses, same_variables = run.value
     assert calibrated and same_losses and same_variables
+
+
+class _PlannerWithoutRoom:
+    """A planner whose allocator model placed no plan's buffers in the arena, and that has no plan lower."""
+
+    budget_bytes, persistent_bytes = 100 << 20, 10 << 20
+    unplaced = "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps"
+
+    def plan(self, target_bytes):
+        from seqmem.errors import InfeasibleBudgetError
+
+        raise InfeasibleBudgetError("smallest achievable peak is 90.0 MB; budget was 100.0 MB", 90 << 20)
+
+
+def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_says_so():
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime.optimize import _plan_for_less
+    from seqmem.swap.plan import SwapPlan
+
+    plan = SwapPlan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
+                    predicted_peak_after_bytes=90 << 20)
+    planner = _PlannerWithoutRoom()
+    with pytest.raises(InfeasibleBudgetError, match=r"ran out of memory.*fragmentation.*3 swaps\.$"):
+        _plan_for_less(planner, plan, None)
+    planner.unplaced = None
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        _plan_for_less(planner, plan, None)
+    assert "fragmentation" not in str(raised.value)
