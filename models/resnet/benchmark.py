@@ -244,11 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     host = args.host_memory_mb
     one_stream = args.executor == "one-stream"
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
-    if args.at_batch:
-        report["at_batch"] = {variant: [value_or_verdict(run_with_budget(
-            bench.measure, variant, args.depth, args.at_batch, args.image_size, args.classes, args.budget_mb, host,
-            budget_mb=args.budget_mb, timeout_s=args.timeout_s, one_stream=one_stream)) for _ in range(args.runs)]
-            for variant in others}
     tables = "" if args.at_batch else args.tables
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
         def run(function, *call_args, budget_mb):
@@ -264,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
                                   timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
             return {"batch": found.batch, "notes": found.notes}
 
+        if args.at_batch:
+            report["at_batch"] = {variant: [value_or_verdict(run(
+                bench.measure, variant, args.depth, args.at_batch, args.image_size, args.classes, args.budget_mb, host,
+                budget_mb=args.budget_mb)) for _ in range(args.runs)] for variant in others}
         table_a = report["table_a"]
         report["at_base"], report["at_opt"] = {}, {}
         if "a" in tables:

@@ -291,7 +291,9 @@ class _Planner:
                     raise
                 # Only the allocator model's fragmentation stood in the way: a model, which calibration
                 # checks on the device itself. Plan without it from here on.
-                self._arena_bytes, self.unplaced = None, str(error).split("; budget was")[0]
+                self.unplaced = (f"the allocator model placed no plan's buffers in the {self._arena_bytes / MIB:.1f} MB "
+                                 f"arena (predicted peak {error.smallest_peak_bytes / MIB:.1f} MB)")
+                self._arena_bytes = None
                 plan = self._plan(target_bytes)
         except InfeasibleBudgetError as error:
             if error.smallest_plan is not None:
