@@ -186,7 +186,8 @@ def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) 
                   and not graph.node(name).persistent for ref in _outputs(graph, name) if _is_float_scalar(graph, ref)]
     if not candidates:
         raise NoBackwardPassError("could not find the loss: no floating-point scalar outside the backward pass; "
-                                  "name it with loss=..., e.g. loss='Mean:0'")
+                                  "name it with loss=..., e.g. loss='Mean:0' (a loss the step neither returns nor "
+                                  "uses is not in its graph, as TensorFlow prunes it: return it from the step)")
     # The loss depends on nearly the whole forward pass: only the scalars with the most ancestors are scored
     # (a large step holds thousands of others: normalization constants, the optimizer's own scalars).
     ancestors = {ref: len(graph.ancestors([ref.node])) for ref in candidates}

@@ -145,7 +145,7 @@ def _predicted_peak_bytes(layer_class, steps):
     def step(x):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(x))
-        return tape.gradient(loss, model.trainable_variables)
+        return loss, tape.gradient(loss, model.trainable_variables)
 
     return optimize(step, 1e6, input_signature=[spec], calibrate=False).plan.predicted_peak_before_bytes
 

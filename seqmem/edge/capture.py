@@ -23,7 +23,9 @@ Sizes (`TensorInfo`, `Node`):
   tensor's refined shape (a gradient's `TensorListFromTensor` of the
   stacked decoder outputs);
 - an output that a called function or a loop returns unchanged shares its
-  input's buffer (`passes_input`, `seqmem.edge.passthrough`);
+  input's buffer (`passes_input`, `seqmem.edge.passthrough`), as does x + 0,
+  x * 1 or x / 1, which Grappler replaces with x
+  (`seqmem.edge.folded_constants.neutral_arithmetic`);
 - a read of a variable in copy-on-read mode owns a copy (`copies_input`,
   `seqmem.edge.copy_on_read`);
 - the constants a called function or a loop's functions hold once
@@ -31,6 +33,12 @@ Sizes (`TensorInfo`, `Node`):
   nodes TensorFlow replaces with constants it keeps are marked `folded`
   (`seqmem.edge.folded_constants`);
 - other unknowns are None.
+
+A function's graph is captured as TensorFlow instantiates it: without the
+stateless nodes that reach neither a return value, a control output nor a
+stateful op (`instantiated_nodes`), which TensorFlow prunes before it runs the
+function (a custom gradient's unused outputs, such as `tf.nn.silu`'s gradient
+for its constant `beta`).
 """
 
 from __future__ import annotations
@@ -46,16 +54,16 @@ from tensorflow.python.eager.polymorphic_function.concrete_function import Concr
 from tensorflow.python.ops import handle_data_util
 
 from seqmem.edge.copy_on_read import copying_reads
-from seqmem.edge.folded_constants import folded_ops, held_constants
+from seqmem.edge.folded_constants import folded_ops, held_constants, neutral_arithmetic
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.passthrough import passed_through_inputs
 from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef, loop_value_buffer
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, VIEW_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, TF1_CONTROL_FLOW_OPS, VIEW_OPS
 
-__all__ = ["concrete_function", "from_tf", "to_graph_def", "to_tf_graph"]
+__all__ = ["concrete_function", "from_tf", "instantiated_nodes", "to_graph_def", "to_tf_graph"]
 
 _ACCEPTED = "a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"
 _LIST_PASSTHROUGH_OPS = frozenset({
@@ -66,6 +74,7 @@ _LIST_PASSTHROUGH_OPS = frozenset({
     "TensorListSetItem",
 })
 _MAX_VARIANT_DEPTH = 64
+
 # what a loop may push to a list without a buffer of its own: another list's element, a variable's value
 _SHARED_ELEMENT_OPS = frozenset({"TensorListGetItem", "ReadVariableOp"})
 
@@ -118,11 +127,15 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     constants = held_constants(tf_graph, bodies)
     folded = folded_ops(tf_graph)
     passed = passed_through_inputs(tf_graph, bodies)
+    passed.update({name: {0: index} for name, index in neutral_arithmetic(tf_graph).items()})
     copying = copying_reads(tf_graph, bodies)
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
     sizer = _VariantSizer(bodies, tf_graph, shapes, trip_counts)
+    kept = instantiated_nodes(tf_graph, output_names) if output_names else None
     nodes = []
     for node_def in graph_def.node:
+        if kept is not None and node_def.name not in kept:
+            continue
         op = tf_graph.get_operation_by_name(node_def.name)
         outputs = tuple(_tensor_info(t, sizer, shapes.get(t.name, t.shape), passed.get(op.name, {}).get(index),
                                      op.name in copying)
@@ -135,6 +148,26 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
         library=graph_def.library if graph_def.HasField("library") else None,
         versions=graph_def.versions if graph_def.HasField("versions") else None,
     )
+
+
+def instantiated_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> frozenset[str]:
+    """Names of the nodes of a function's graph that TensorFlow keeps when it instantiates the function
+    (`PruneFunctionBody`): the inputs (placeholders), and what the return values (`output_names`), the
+    function's control outputs, its stateful ops and control-flow ops reach through data and control
+    edges."""
+    roots = [tf_graph.get_tensor_by_name(name).op for name in output_names]
+    roots += getattr(tf_graph, "control_outputs", [])
+    roots += [op for op in tf_graph.get_operations()
+              if op.type == "Placeholder" or op.type in TF1_CONTROL_FLOW_OPS or op.op_def.is_stateful]
+    kept, pending = set(), list(roots)
+    while pending:
+        op = pending.pop()
+        if op.name in kept:
+            continue
+        kept.add(op.name)
+        pending.extend(tensor.op for tensor in op.inputs)
+        pending.extend(op.control_inputs)
+    return frozenset(kept)
 
 
 def to_graph_def(graph: Graph) -> graph_pb2.GraphDef:

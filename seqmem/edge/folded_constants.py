@@ -20,8 +20,12 @@ hold their outputs across steps, as a Const does (measured on the emulated
 device: a step reading fill([2048, 1024], 3.0) holds 8 MB from its first call
 on; in the NMT step at batch 32, 50 steps and 128 units, the gradient loop's
 zeroed initial values are 3.2 MB). Grappler's arithmetic simplification
-replaces x + 0 and x * 1 by x, so zeros only added and ones only multiplied
-are not kept (measured: zeros_like(x) + x holds nothing).
+replaces x + 0, x * 1 and x / 1 by x, so zeros only added and ones only
+multiplied are not kept (measured: zeros_like(x) + x holds nothing), and the
+op itself allocates nothing: its output is x's buffer (`neutral_arithmetic`;
+`tf.nn.silu` multiplies its input by a constant `beta` of 1 in its forward and
+its gradient: in an allocator trace of Keras' EfficientNetB0, none of those
+products is allocated).
 
 Each call node and each while loop of the step is charged what its functions
 (a call's body; a loop's condition and body), and the functions they call or
@@ -37,20 +41,24 @@ by a 16 MiB constant holds it from its first call on).
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.sizes import static_bytes
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, TF1_CONTROL_FLOW_OPS
 
-__all__ = ["MAX_FOLDED_BYTES", "folded_ops", "held_constants"]
+__all__ = ["MAX_FOLDED_BYTES", "folded_ops", "held_constants", "neutral_arithmetic"]
 
 MAX_FOLDED_BYTES = 10 << 20  # constant folding's limit per result (ConstantFoldingOptions)
 
 _CONST_OPS = frozenset({"Const", "HostConst"})
 _MATERIALIZED_OPS = frozenset({"OnesLike", "ZerosLike"})  # constants of any size once their shape is known
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size"})
-_NEUTRAL_READERS = {0.0: frozenset({"Add", "AddV2"}), 1.0: frozenset({"Mul"})}  # x + 0 = x, x * 1 = x
+# x + 0 = 0 + x = x, x * 1 = 1 * x = x; x / 1 = x, with the one as the divisor only
+_NEUTRAL_READERS = {0.0: frozenset({"Add", "AddV2"}), 1.0: frozenset({"Mul", "Div", "RealDiv"})}
+_NEUTRAL_OPS = frozenset().union(*_NEUTRAL_READERS.values())
+_DIVISIONS = frozenset({"Div", "RealDiv"})
 _NEVER_FOLDED_OPS = FUNCTION_CALL_OPS | FUNCTIONAL_LOOP_OPS | TF1_CONTROL_FLOW_OPS | frozenset(
     {"If", "Placeholder", "StatelessIf"})
 
@@ -75,6 +83,19 @@ def folded_ops(tf_graph: tf.Graph) -> frozenset[str]:
     returned = {t.ref() for t in getattr(tf_graph, "outputs", ())}  # a TF1 graph returns nothing
     return frozenset(op.name for op in tf_graph.get_operations()
                      if constant[op] and op.type not in _CONST_OPS and _held_outputs(op, constant, returned))
+
+
+def neutral_arithmetic(tf_graph: tf.Graph) -> dict[str, int]:
+    """For each of `tf_graph`'s own ops that Grappler replaces with one of its operands (x + 0, x * 1, x / 1,
+    x of the result's shape), by op name: the index of that operand, whose buffer the output is."""
+    passed = {}
+    for op in tf_graph.get_operations():
+        if op.type in _NEUTRAL_OPS and len(op.inputs) == 2:
+            for index, tensor in enumerate(op.inputs):
+                if _is_identity_with(op, tensor):
+                    passed[op.name] = 1 - index
+                    break
+    return passed
 
 
 def _functions_held(bodies: FunctionBodies, op: tf.Operation, constant: dict) -> tuple[int, ...] | None:
@@ -124,12 +145,17 @@ def _is_identity_with(reader: tf.Operation, tensor: tf.Tensor) -> bool:
     neutral_readers = _NEUTRAL_READERS.get(_uniform_value(tensor.op))
     if reader.type not in (neutral_readers or ()) or len(reader.inputs) != 2:
         return False
+    if reader.type in _DIVISIONS and reader.inputs[1].ref() != tensor.ref():
+        return False
     others = [t for t in reader.inputs if t.ref() != tensor.ref()]
     return len(others) == 1 and others[0].shape.is_fully_defined() and others[0].shape == reader.outputs[0].shape
 
 
 def _uniform_value(op: tf.Operation) -> float | None:
     """The value every element of `op`'s output has, where `op` makes a constant of one value; else None."""
+    if op.type in _CONST_OPS and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer):
+        value = np.asarray(tf.get_static_value(op.outputs[0]))
+        return float(value.flat[0]) if value.size and (value == value.flat[0]).all() else None
     if op.type == "ZerosLike":
         return 0.0
     if op.type == "OnesLike":

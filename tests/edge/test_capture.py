@@ -125,3 +125,26 @@ def test_reads_of_a_variable_a_sparse_op_touches_are_copies():
 def test_unsupported_target_is_a_type_error():
     with pytest.raises(TypeError, match="tf.function, a ConcreteFunction, a tf.Graph or a GraphDef"):
         capture.from_tf(np.zeros(3))
+
+
+def test_a_function_is_captured_without_what_tensorflow_prunes():
+    # silu's custom gradient also differentiates its constant beta: TensorFlow never runs that part
+    variable = tf.Variable(tf.zeros([4, 4]))
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.nn.silu(x))
+        unused = tf.exp(x) * 3.0  # neither returned nor read by a stateful op
+        variable.assign(tf.sqrt(x))  # nothing reads it, but it is stateful: kept with what it reads
+        return loss, tape.gradient(loss, x)
+
+    spec = tf.TensorSpec([4, 4])
+    function = step.get_concrete_function(spec)
+    kept = set(capture.from_tf(step, [spec]).nodes)
+    everything = {op.name for op in function.graph.get_operations()}
+    assert {"Exp", "mul_2", "Sqrt", "AssignVariableOp"} <= everything
+    assert {"Sqrt", "AssignVariableOp"} <= kept and not {"Exp", "mul_2"} & kept
+    squares = {op.name for op in function.graph.get_operations() if op.type == "Square"}  # beta's gradient
+    assert squares and not squares & kept

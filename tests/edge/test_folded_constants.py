@@ -5,6 +5,7 @@ import tensorflow as tf
 from seqmem.edge.capture import from_tf
 from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, folded_ops, held_constants
 from seqmem.edge.library import FunctionBodies
+from seqmem.ir.graph import TensorRef, view_source
 from seqmem.sim.simulator import simulate
 
 _SPEC = tf.TensorSpec([1000], tf.float32)  # 4000 bytes
@@ -136,3 +137,19 @@ def test_a_loop_holds_the_constants_its_body_reads_and_not_those_nothing_reads()
     assert graph.node(loop).op in ("While", "StatelessWhile")
     assert 4000 <= held < 4000 + 64  # the fill of threes, and the scalars of the counter and condition
     assert sum(graph.node(loop).constant_sizes) == held
+
+
+def test_x_times_one_is_x_and_allocates_nothing():
+    # tf.nn.silu multiplies by a constant beta of 1 in forward and backward; Grappler replaces x * 1 with x
+    @tf.function(autograph=False)
+    def step(x):
+        scaled = tf.constant(1.0) * tf.exp(x)
+        return scaled / 1.0 + tf.zeros([1000]), x * 2.0
+
+    graph = from_tf(step, [_SPEC])
+    exp = "Exp:0"
+    passed = {name: view_source(node, 0) for name, node in graph.nodes.items() if node.op in ("Mul", "RealDiv", "AddV2")}
+    assert {name: str(ref) if ref else None for name, ref in passed.items()} == {
+        "mul": exp, "truediv": "mul:0", "add": "truediv:0", "mul_1": None}
+    buffer_of = simulate(graph, graph.topological_order(), allocator="exact").buffer_of
+    assert {str(buffer_of[TensorRef(name, 0)]) for name in ("mul", "truediv", "add")} == {exp}
