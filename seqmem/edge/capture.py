@@ -25,7 +25,8 @@ Sizes (`TensorInfo`, `Node`):
 - an output that a called function or a loop returns unchanged shares its
   input's buffer (`passes_input`, `seqmem.edge.passthrough`), as does x + 0,
   x * 1 or x / 1, which Grappler replaces with x
-  (`seqmem.edge.folded_constants.neutral_arithmetic`);
+  (`seqmem.edge.folded_constants.neutral_arithmetic`), and a transpose that
+  moves no data (`seqmem.edge.passthrough.transposes_in_place`);
 - a read of a variable in copy-on-read mode owns a copy (`copies_input`,
   `seqmem.edge.copy_on_read`);
 - the constants a called function or a loop's functions hold once
@@ -56,7 +57,7 @@ from tensorflow.python.ops import handle_data_util
 from seqmem.edge.copy_on_read import copying_reads
 from seqmem.edge.folded_constants import folded_ops, held_constants, neutral_arithmetic
 from seqmem.edge.library import FunctionBodies
-from seqmem.edge.passthrough import passed_through_inputs
+from seqmem.edge.passthrough import passed_through_inputs, transposes_in_place
 from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
@@ -128,6 +129,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     folded = folded_ops(tf_graph)
     passed = passed_through_inputs(tf_graph, bodies)
     passed.update({name: {0: index} for name, index in neutral_arithmetic(tf_graph).items()})
+    passed.update({name: {0: 0} for name in transposes_in_place(tf_graph)})
     copying = copying_reads(tf_graph, bodies)
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
     sizer = _VariantSizer(bodies, tf_graph, shapes, trip_counts)

@@ -48,7 +48,7 @@ from seqmem.edge.library import FunctionBodies
 from seqmem.edge.sizes import static_bytes
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, TF1_CONTROL_FLOW_OPS
 
-__all__ = ["MAX_FOLDED_BYTES", "folded_ops", "held_constants", "neutral_arithmetic"]
+__all__ = ["MAX_FOLDED_BYTES", "folded_ops", "folded_value", "held_constants", "neutral_arithmetic"]
 
 MAX_FOLDED_BYTES = 10 << 20  # constant folding's limit per result (ConstantFoldingOptions)
 
@@ -96,6 +96,31 @@ def neutral_arithmetic(tf_graph: tf.Graph) -> dict[str, int]:
                     passed[op.name] = 1 - index
                     break
     return passed
+
+
+def folded_value(tensor: tf.Tensor) -> np.ndarray | None:
+    """The value constant folding gives `tensor`: what `tf.get_static_value` finds, else, where `tensor` is
+    computed by stateless ops from constants alone (a gradient's permutation built from ranges and sums of
+    known shapes), its value computed from them; None where it depends on anything else."""
+    value = tf.get_static_value(tensor)
+    if value is not None:
+        return np.asarray(value)
+    ancestors, pending = {}, [tensor.op]
+    while pending:
+        op = pending.pop()
+        if op.name in ancestors:
+            continue
+        if op.type == "Placeholder" or op.op_def.is_stateful or op.type in _NEVER_FOLDED_OPS:
+            return None
+        ancestors[op.name] = op
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.node.extend(op.node_def for op in tensor.graph.get_operations() if op.name in ancestors)
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=graph) as session:
+            return np.asarray(session.run(tensor.name))
 
 
 def _functions_held(bodies: FunctionBodies, op: tf.Operation, constant: dict) -> tuple[int, ...] | None:

@@ -1,4 +1,5 @@
-"""Outputs of function calls and while loops that are one of their inputs, returned unchanged.
+"""Outputs that are one of their op's inputs: returned unchanged by a function call or a while loop, or
+transposed without moving data.
 
 A Keras LSTM's forward function returns the weights it read (for its backward
 function) through its loop, where they are loop invariants: the body returns
@@ -11,6 +12,12 @@ step allocates.
 An output passes input `i` through when the function's (or the loop body's)
 return value traces back to argument `i` through identities (Identity,
 IdentityN, Snapshot), loop invariants and the same of nested calls.
+
+TensorFlow's Transpose kernel moves no data when the permutation keeps every
+dimension longer than 1 in order (an identity permutation included): its output
+is its input's buffer, reshaped (`TransposeOp::Compute`). A gradient through a
+gather transposes with such a permutation (`transposes_in_place`): in a Keras
+Transformer's loss gradient, a [tokens, vocabulary] buffer no step allocates.
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ from typing import Optional
 
 import tensorflow as tf
 
+from seqmem.edge.folded_constants import folded_value
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 
-__all__ = ["passed_through_inputs"]
+__all__ = ["passed_through_inputs", "transposes_in_place"]
 
 _IDENTITY_OPS = frozenset({"Identity", "Snapshot"})
 
@@ -38,6 +46,23 @@ def passed_through_inputs(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[st
         if passed:
             result[op.name] = passed
     return result
+
+
+def transposes_in_place(tf_graph: tf.Graph) -> frozenset[str]:
+    """Names of `tf_graph`'s own Transpose ops whose input shape and permutation are known and move no data:
+    the dimensions longer than 1 keep their order."""
+    in_place = set()
+    for op in tf_graph.get_operations():
+        if op.type != "Transpose" or not op.inputs[0].shape.is_fully_defined():
+            continue
+        permutation = folded_value(op.inputs[1])
+        if permutation is None:
+            continue
+        shape = op.inputs[0].shape.as_list()
+        moved = [dimension for dimension in permutation.tolist() if shape[dimension] != 1]
+        if moved == sorted(moved):
+            in_place.add(op.name)
+    return frozenset(in_place)
 
 
 class _Tracer:

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from seqmem.anatomy import analyze_step
 from seqmem.edge import capture
-from seqmem.ir.graph import TensorRef
+from seqmem.ir.graph import TensorRef, view_source
 
 
 def _mlp_step():
@@ -148,3 +148,18 @@ def test_a_function_is_captured_without_what_tensorflow_prunes():
     assert {"Sqrt", "AssignVariableOp"} <= kept and not {"Exp", "mul_2"} & kept
     squares = {op.name for op in function.graph.get_operations() if op.type == "Square"}  # beta's gradient
     assert squares and not squares & kept
+
+
+@pytest.mark.parametrize("shape, permutation, in_place", [
+    ([6, 5], [0, 1], True), ([6, 1, 5], [1, 0, 2], True), ([6, 1, 5], [0, 2, 1], True), ([6, 5], [1, 0], False)])
+def test_a_transpose_that_moves_no_data_shares_its_inputs_buffer(shape, permutation, in_place):
+    # the permutation computed from known shapes, as a gather's gradient builds it: constant folding knows it
+    @tf.function(autograph=False)
+    def step(x):
+        rank = tf.rank(x)
+        computed = tf.concat([tf.range(rank - rank), tf.constant(permutation) + tf.zeros([], tf.int32)], 0)
+        return tf.transpose(tf.exp(x), computed)
+
+    graph = capture.from_tf(step, [tf.TensorSpec(shape)])
+    (transpose,) = [node for node in graph.nodes.values() if node.op == "Transpose"]
+    assert (view_source(transpose, 0) == TensorRef("Exp", 0)) == in_place
