@@ -117,6 +117,8 @@ def folded_value(tensor: tf.Tensor) -> np.ndarray | None:
         pending.extend(op.control_inputs)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.node.extend(op.node_def for op in tensor.graph.get_operations() if op.name in ancestors)
+    for node in graph_def.node:
+        node.device = ""  # computed here, whatever device (a distributed worker's) the step places it on
     with tf.Graph().as_default() as graph:
         tf.graph_util.import_graph_def(graph_def, name="")
         with tf.compat.v1.Session(graph=graph) as session:
