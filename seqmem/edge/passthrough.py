@@ -49,19 +49,23 @@ def passed_through_inputs(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[st
 
 
 def transposes_in_place(tf_graph: tf.Graph) -> frozenset[str]:
-    """Names of `tf_graph`'s own Transpose ops whose input shape and permutation are known and move no data:
-    the dimensions longer than 1 keep their order."""
+    """Names of `tf_graph`'s own Transpose ops that move no data: an identity permutation, or one that keeps
+    the dimensions longer than 1 in order, the input's shape known."""
     in_place = set()
     for op in tf_graph.get_operations():
-        if op.type != "Transpose" or not op.inputs[0].shape.is_fully_defined():
+        if op.type != "Transpose":
             continue
         permutation = folded_value(op.inputs[1])
         if permutation is None:
             continue
-        shape = op.inputs[0].shape.as_list()
-        moved = [dimension for dimension in permutation.tolist() if shape[dimension] != 1]
-        if moved == sorted(moved):
+        permutation = permutation.tolist()
+        if permutation == sorted(permutation):  # the identity: whatever the shape
             in_place.add(op.name)
+        elif op.inputs[0].shape.is_fully_defined():
+            shape = op.inputs[0].shape.as_list()
+            moved = [dimension for dimension in permutation if shape[dimension] != 1]
+            if moved == sorted(moved):
+                in_place.add(op.name)
     return frozenset(in_place)
 
 

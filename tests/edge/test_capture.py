@@ -151,7 +151,8 @@ def test_a_function_is_captured_without_what_tensorflow_prunes():
 
 
 @pytest.mark.parametrize("shape, permutation, in_place", [
-    ([6, 5], [0, 1], True), ([6, 1, 5], [1, 0, 2], True), ([6, 1, 5], [0, 2, 1], True), ([6, 5], [1, 0], False)])
+    ([6, 5], [0, 1], True), ([6, 1, 5], [1, 0, 2], True), ([6, 1, 5], [0, 2, 1], True), ([6, 5], [1, 0], False),
+    ([None, 5], [0, 1], True), ([None, 1, 5], [1, 0, 2], False)])  # an unknown length may be more than 1
 def test_a_transpose_that_moves_no_data_shares_its_inputs_buffer(shape, permutation, in_place):
     # the permutation computed from known shapes, as a gather's gradient builds it: constant folding knows it
     @tf.function(autograph=False)
