@@ -75,7 +75,6 @@ _LIST_PASSTHROUGH_OPS = frozenset({
     "TensorListSetItem",
 })
 _MAX_VARIANT_DEPTH = 64
-
 # what a loop may push to a list without a buffer of its own: another list's element, a variable's value
 _SHARED_ELEMENT_OPS = frozenset({"TensorListGetItem", "ReadVariableOp"})
 

@@ -116,7 +116,7 @@ def folded_value(tensor: tf.Tensor) -> np.ndarray | None:
         pending.extend(t.op for t in op.inputs)
         pending.extend(op.control_inputs)
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.node.extend(op.node_def for op in tensor.graph.get_operations() if op.name in ancestors)
+    graph_def.node.extend(op.node_def for op in ancestors.values())
     for node in graph_def.node:
         node.device = ""  # computed here, whatever device (a distributed worker's) the step places it on
     with tf.Graph().as_default() as graph:

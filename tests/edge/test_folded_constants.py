@@ -148,7 +148,8 @@ def test_x_times_one_is_x_and_allocates_nothing():
 
     graph = from_tf(step, [_SPEC])
     exp = "Exp:0"
-    passed = {name: view_source(node, 0) for name, node in graph.nodes.items() if node.op in ("Mul", "RealDiv", "AddV2")}
+    passed = {name: view_source(node, 0) for name, node in graph.nodes.items()
+              if node.op in ("Mul", "RealDiv", "AddV2")}
     assert {name: str(ref) if ref else None for name, ref in passed.items()} == {
         "mul": exp, "truediv": "mul:0", "add": "truediv:0", "mul_1": None}
     buffer_of = simulate(graph, graph.topological_order(), allocator="exact").buffer_of
