@@ -17,11 +17,11 @@ and `optimize` seconds), or the error a worker stopped with.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,42 +37,46 @@ _WORKERS = 2
 
 def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
                 hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600, keras_fit: bool = False) -> list[dict[str, Any]]:
-    """Run the two workers (see the module docstring) and return each one's result, by index. hold_mb: MiB
-    each worker allocates on its device after training, for one more call (to show what a worker that runs
-    out of memory does to the other; `_call_holding`; every worker makes that call when any holds memory):
-    its outcome in the result's "after_hold". A worker still running after `timeout_s` seconds is killed
-    and reported as {"error": "timeout"}."""
+    """Run the two workers (see the module docstring), each a process forked from seqmem's fork server,
+    and return each one's result, by index. hold_mb: MiB each worker allocates on its device after
+    training, for one more call (to show what a worker that runs out of memory does to the other;
+    `_call_holding`; every worker makes that call when any holds memory): its outcome in the result's
+    "after_hold". A worker still running after `timeout_s` seconds is killed and reported as
+    {"error": "timeout"}."""
+    from seqmem.runtime import device, fork_server
+
     ports = _free_ports(_WORKERS)
+    env = device.fresh_process_env(arena_mb)
     with tempfile.TemporaryDirectory() as folder:
-        outputs = [os.path.join(folder, f"worker{index}.json") for index in range(_WORKERS)]
-        logs = [open(os.path.join(folder, f"worker{index}.log"), "w+") for index in range(_WORKERS)]  # not pipes:
-        # a worker's out-of-memory report fills a pipe nobody reads yet, and the worker blocks writing it
-        processes = [subprocess.Popen(
-            [sys.executable, "-m", "models.zoo.workers", "--worker", str(index), "--ports", ",".join(map(str, ports)),
-             "--model", model, "--batch", str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps),
-             "--hold-mb", str(hold_mb[index]), "--out", outputs[index]]
-            + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb)
-            + ["--keras-fit"] * keras_fit,
-            stdout=subprocess.DEVNULL, stderr=logs[index]) for index in range(_WORKERS)]
-        deadline = time.monotonic() + timeout_s
-        results = []
-        for process, output, log in zip(processes, outputs, logs):
-            try:
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            log.seek(0)
+        folders = [os.path.join(folder, f"worker{index}") for index in range(_WORKERS)]
+        argvs = [["--worker", str(index), "--ports", ",".join(map(str, ports)), "--model", model, "--batch",
+                  str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps), "--hold-mb", str(hold_mb[index]),
+                  "--out", os.path.join(folders[index], "result.json")]
+                 + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb)
+                 + ["--keras-fit"] * keras_fit for index in range(_WORKERS)]
+        for path in folders:
+            os.mkdir(path)
+
+        def run(argv: list[str], path: str) -> Optional[int]:
+            return fork_server.run_forked("models.zoo.workers:forked_worker", argv, env, path, timeout_s)
+
+        with concurrent.futures.ThreadPoolExecutor(_WORKERS) as pool:  # a thread waits on each worker
+            statuses = list(pool.map(run, argvs, folders))
+        return [_result(status, path) for status, path in zip(statuses, folders)]
+
+
+def _result(exit_status: Optional[int], folder: str) -> dict[str, Any]:
+    """A worker's result from its job folder: what it wrote, or why there is none."""
+    stderr = ""
+    if os.path.exists(os.path.join(folder, "stderr")):
+        with open(os.path.join(folder, "stderr"), errors="replace") as log:
             stderr = log.read()[-2000:]
-            log.close()
-            if process.returncode == -9:
-                results.append({"error": "timeout", "message": stderr})
-            elif os.path.exists(output):
-                with open(output) as file:
-                    results.append(json.load(file))
-            else:
-                results.append({"error": f"exit {process.returncode}", "message": stderr})
-    return results
+    if exit_status is None:
+        return {"error": "timeout", "message": stderr}
+    if not os.path.exists(os.path.join(folder, "result.json")):
+        return {"error": f"exit {exit_status}", "message": stderr}
+    with open(os.path.join(folder, "result.json")) as file:
+        return json.load(file)
 
 
 def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int = 4096) -> dict[str, Any]:
@@ -224,6 +228,11 @@ def _model(name: str):
                                   (layers.Conv2D(width, 3, padding="same"), layers.BatchNormalization(),
                                    layers.ReLU())]
                                + [layers.GlobalAveragePooling2D(), layers.Dense(10)])
+
+
+def forked_worker(*argv: str) -> None:
+    """A worker in a process forked by `run_workers`: `main` with its hidden `--worker` arguments."""
+    main(list(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

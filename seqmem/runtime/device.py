@@ -90,6 +90,15 @@ def emulated_device_env(budget_mb: int, one_stream: bool = True, reserved_arena:
     return env
 
 
+def fresh_process_env(budget_mb: int, one_stream: bool = True, reserved_arena: bool = False) -> dict[str, str]:
+    """This process's environment as a fresh process on an emulated device of `budget_mb` MiB takes it
+    (`run_with_budget`; `fork_server.run_forked`): this one's emulated-device settings replaced."""
+    env = {name: value for name, value in os.environ.items() if name not in _SEQMEM_SETTINGS}
+    env.update(emulated_device_env(budget_mb, one_stream, reserved_arena))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the child's stderr is kept only for a crash's message
+    return env
+
+
 def apply_thread_settings() -> None:
     """Give TensorFlow the emulated device's inter-op thread count, if this process was configured with one.
 
@@ -162,6 +171,8 @@ def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_
     wanted = emulated_device_env(budget_mb, one_stream, reserved_arena)
     if "tensorflow" in sys.modules:
         if all(os.environ.get(k) == wanted.get(k) for k in (*wanted, *_SEQMEM_SETTINGS)):
+            apply_thread_settings()  # a process forked with these settings (`fresh_process_env`) before its first op
+            reserve_arena()
             return
         raise TensorFlowAlreadyInitializedError(
             "TensorFlow is already imported in this process, so the emulated device's memory limit can no "
@@ -290,9 +301,7 @@ def run_with_budget(
     child: an OOM, an exception, a crash or a timeout each come back as a verdict.
     Raises RuntimeError if the fork server the child comes from cannot start.
     """
-    env = {name: value for name, value in os.environ.items() if name not in _SEQMEM_SETTINGS}
-    env.update(emulated_device_env(budget_mb, one_stream, reserved_arena))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the child's stderr is kept only for a crash's message
+    env = fresh_process_env(budget_mb, one_stream, reserved_arena)
     with tempfile.TemporaryDirectory(prefix="seqmem-budget-") as workdir:
         job_path, result_path = os.path.join(workdir, "job.pkl"), os.path.join(workdir, "result.pkl")
         with open(job_path, "wb") as job:

@@ -153,3 +153,25 @@ def test_memory_stats_refuses_plain_cpu():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode != 0 and "emulated device" in result.stderr
+
+
+def server_forked_from():
+    return os.environ.get("SEQMEM_FORK_SERVER")
+
+
+def servers_seen_by_a_job_that_runs_a_job():
+    """In a worker: (the server it was forked from, its nested job's, whether the worker started one)."""
+    nested = device.run_with_budget(server_forked_from, budget_mb=64)
+    return os.environ["SEQMEM_FORK_SERVER"], nested.value, fork_server._server is not None
+
+
+@pytest.mark.device
+def test_a_workers_own_jobs_are_forked_by_the_server_that_forked_it():
+    run = device.run_with_budget(servers_seen_by_a_job_that_runs_a_job, budget_mb=64)
+    assert run.ok, run.message
+    socket_path, nested_socket_path, started_its_own = run.value
+    assert socket_path == nested_socket_path == fork_server._socket_path and not started_its_own
+    with fork_server._lock:  # a server that is gone leaves no folder behind, and the next job starts another
+        fork_server._stop()
+    assert not os.path.exists(os.path.dirname(socket_path))
+    assert device.run_with_budget(inter_op_threads, budget_mb=64).ok and fork_server._socket_path != socket_path
