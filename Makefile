@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a machine with only Python (3.9-3.11):
 #   make demo    create/reuse .venv, install seqmem, run the main job (a few minutes)
-#   make test    create/reuse .venv, install seqmem[dev], run every test (about 16-19 minutes on 2 cores)
+#   make test    create/reuse .venv, install seqmem[dev], run every test (about 14 minutes on 2 cores)
 #   make check   the fast tier: no emulated-device processes, no training runs (about 2 minutes)
 PYTHON ?= $(shell command -v python3.11 || command -v python3.10 || command -v python3.9 || command -v python3)
 VENV := .venv
@@ -25,10 +25,11 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 demo: $(STAMP_RUN)
 	$(BIN)/seqmem demo --out demo-output
 
-# The fast tier runs on two workers; the tests that measure the emulated device run one at a time, alone
-# on the machine, as measurements must.
-test: check
-	$(BIN)/python -m pytest -q -m "device or slow"
+# The tests that measure nothing (the fast tier and the slow training runs) run on two workers; those that
+# measure the emulated device run one at a time, alone on the machine, as measurements must.
+test: $(STAMP_DEV)
+	$(BIN)/python -m pytest -q -n 2 -m "not device"
+	$(BIN)/python -m pytest -q -m device
 
 check: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q -n 2 -m "not device and not slow"

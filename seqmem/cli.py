@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from seqmem.examples import EXAMPLE_NAMES
@@ -151,10 +151,12 @@ def plan_command(model: str, batch: int, budget_mb: int, *, safety_margin: float
 def largest_batches_command(model: str, budget_mb: int, *, start: int = 1, max_batch: int = DEFAULT_MAX_BATCH,
                             safety_margin: float = DEFAULT_SAFETY_MARGIN,
                             options: ConservationOptions = ConservationOptions(),
-                            host_memory_mb: Optional[float] = None, precision: float = DEFAULT_PRECISION) -> int:
+                            host_memory_mb: Optional[float] = None, precision: float = DEFAULT_PRECISION,
+                            known: Optional[Mapping[str, Mapping[int, bool]]] = None) -> int:
     """`seqmem plan --largest-batch`: print the largest batch (<= `max_batch`, within `precision`, relative)
     that trains two steps of `model` under `budget_mb` MiB without and with seqmem (real OOMs, a fresh
-    process per probe)."""
+    process per probe). known: batches already tried, whether each trained, by "without seqmem" and
+    "with seqmem"; not probed again."""
     from tqdm import tqdm
 
     from seqmem import cli_jobs
@@ -168,6 +170,7 @@ def largest_batches_command(model: str, budget_mb: int, *, start: int = 1, max_b
         with tqdm(desc=f"largest batch {label}", unit="probe", file=sys.stdout) as progress:
             search = largest_batch(trains, workload, budget_mb=budget_mb, limit=max_batch,
                                    start=min(max(found.get("without seqmem", start), 1), max_batch), precision=precision,
+                                   known=(known or {}).get(label),
                                    on_probe=lambda batch, verdict: progress.set_postfix_str(f"{batch}: {verdict}")
                                    or progress.update(1))
         found[label] = search.batch
@@ -192,9 +195,9 @@ def accuracy_command(cases: Optional[Sequence[tuple[str, int]]] = None, *, devic
     return 0
 
 
-def train_without_seqmem_command(model: str, batch: int, budget_mb: int) -> int:
+def train_without_seqmem_command(model: str, batch: int, budget_mb: int) -> Optional[bool]:
     """Train two steps of `model` at `batch` as it is on an emulated `budget_mb` MiB device; print whether it
-    trains or runs out of memory (both are answers: 0), 1 when it fails otherwise."""
+    trains or runs out of memory. Returns whether it trained; None when it failed otherwise (said why)."""
     from seqmem import cli_jobs
     from seqmem.bench.workload import Workload, trains
     from seqmem.runtime.device import run_with_budget
@@ -203,7 +206,10 @@ def train_without_seqmem_command(model: str, batch: int, budget_mb: int) -> int:
         run = run_with_budget(trains, batch, Workload(cli_jobs.model_step, (("source", model),), False, budget_mb),
                               budget_mb=budget_mb)
     print(f"  without seqmem: {'trains' if run.ok else run.verdict}")
-    return 0 if run.verdict in ("ok", "oom") else _fail(run, "training without seqmem")
+    if run.verdict not in ("ok", "oom"):
+        _fail(run, "training without seqmem")
+        return None
+    return run.ok
 
 
 def demo_command(out: str, *, batch: int = DEMO_BATCH, budget_mb: int = DEMO_BUDGET_MB,
@@ -216,14 +222,16 @@ def demo_command(out: str, *, batch: int = DEMO_BATCH, budget_mb: int = DEMO_BUD
     if profile_command("example:cnn", DEMO_PROFILE_BATCH, png=os.path.join(out, "memory-cnn.png")):
         return 1
     print(f"\n2/3: a ResNet-14 step at batch {batch} under {budget_mb} MB, without seqmem")
-    if train_without_seqmem_command("example:resnet", batch, budget_mb):
+    trains_without = train_without_seqmem_command("example:resnet", batch, budget_mb)
+    if trains_without is None:
         return 1
     print("\n3/3: the plan that fits it, then the largest batch without and with seqmem")
     if plan_command("example:resnet", batch, budget_mb, safety_margin=DEMO_SAFETY_MARGIN,
                     json_path=os.path.join(out, "plan.json"), png=os.path.join(out, "plan-resnet.png")):
         return 1
+    tried = {"without seqmem": {batch: trains_without}, "with seqmem": {batch: True}}  # the same probes, run above
     return largest_batches_command("example:resnet", budget_mb, start=batch, max_batch=max_batch,
-                                   safety_margin=DEMO_SAFETY_MARGIN, precision=precision)
+                                   safety_margin=DEMO_SAFETY_MARGIN, precision=precision, known=tried)
 
 
 def _plan(args: argparse.Namespace) -> int:

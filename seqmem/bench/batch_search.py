@@ -11,6 +11,7 @@ raises something other than an OOM counts as "does not fit" and is reported in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from seqmem.runtime.device import run_with_budget
@@ -42,6 +43,7 @@ def largest_batch(
     one_stream: bool = True,
     timeout_s: float = 600.0,
     on_probe: Callable[[int, str], None] | None = None,
+    known: Mapping[int, bool] | None = None,
 ) -> BatchSearch:
     """Largest batch <= `limit` for which `probe(batch, *args)` succeeds under `budget_mb` MiB.
 
@@ -52,7 +54,8 @@ def largest_batch(
     (relative: 0.02 means the answer is within 2% of the true largest batch);
     `runs`: fresh processes a batch must train in, stopping at the first that fails;
     `one_stream`: the emulated device's executor setting (`run_with_budget`);
-    `on_probe(batch, verdict)` is called after each probe.
+    `on_probe(batch, verdict)` is called after each probe; `known`: batches already tried the same way,
+    whether each trained in `runs` fresh processes, taken as they are instead of probed again.
     """
     if limit < 1 or not 1 <= start <= limit:
         raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
@@ -79,6 +82,8 @@ def largest_batch(
         return verdict == "ok"
 
     def fits(batch: int) -> bool:
+        if known and batch in known:
+            return known[batch]
         if all(trains_once(batch, i) for i in range(runs)):
             return True
         search.values.pop(batch, None)

@@ -49,6 +49,13 @@ def test_precision_stops_early_within_the_bound(monkeypatch):
     assert len(rough_probes) < len(exact_probes)
 
 
+def test_batches_already_tried_are_not_probed_again(monkeypatch):
+    fake, probed = _fake_device(37)
+    monkeypatch.setattr(batch_search, "run_with_budget", fake)
+    found = batch_search.largest_batch(bool, budget_mb=1, limit=64, start=48, known={48: False, 24: True})
+    assert found.batch == 37 and 48 not in probed and 24 not in probed and probed
+
+
 def test_a_crashing_probe_counts_as_not_fitting_and_is_noted(monkeypatch):
     fake, _ = _fake_device(40, crash_at={32})
     monkeypatch.setattr(batch_search, "run_with_budget", fake)

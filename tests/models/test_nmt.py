@@ -158,7 +158,6 @@ def test_blocked_loss_loads_the_keras_models_checkpoint_and_gives_its_loss_and_g
 
 
 @pytest.mark.slow
-@pytest.mark.device
 def test_training_learns_the_synthetic_language_and_decodes(tmp_path):
     args = train._parse(["--synthetic", "--out", str(tmp_path), "--steps", "300", "--eval-every", "300",
                          "--units", "96", "--synthetic-size", "2000", "--max-length", "20"])
