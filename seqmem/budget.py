@@ -45,7 +45,8 @@ from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
 from seqmem.sim.reorder import refine_order
 from seqmem.sim.schedule import executor_order, pinned_nodes
-from seqmem.sim.simulator import MemoryTrace, SwapEvent, simulate
+from seqmem.sim.simulator import simulate
+from seqmem.sim.trace import MemoryTrace, SwapEvent
 from seqmem.swap.plan import HOST_KINDS, LOSSY_KINDS, ConservationOptions, LoopSwap, SkippedCandidate, SwapDecision, SwapPlan
 from seqmem.swap.triggers import TriggerIndex
 from seqmem.units import MIB
@@ -246,7 +247,7 @@ def plan_swaps(
     if not result.fits and target_bytes > _FLOOR_TARGET_BYTES:
         # The search adds candidates by the cheapest kind that frees enough at the current peak, so where the
         # target is out of its reach it can end above the plan that conserves every candidate by the kind that
-        # frees most (ResNet-50, 64x64, batch 600: 1022.0 MB asked for 972.8 MB, 924.8 MB so).
+        # frees most.
         floor = search.run(_FLOOR_TARGET_BYTES)
         if floor.lowest_peak_bytes <= target_bytes and floor.lowest_placed:
             return dataclasses.replace(floor.lowest_plan, target_bytes=target_bytes, notes=floor.lowest_plan.notes + (

@@ -61,10 +61,9 @@ class MachineModel:
 
 
 EMULATED_DEVICE = MachineModel(copies_overlap=False, host_handle_bytes=24)  # sizeof(tstring)
-"""This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's own cores.
-Measured there (docs/results.md), a float32 round trip of 1 or 8 MB takes about what a float16 cast there and
-back does (0.2 and 1.1 ms against 0.4 and 1.0 ms), which the default rates model; of 64 MB, 82 ms against 7 ms
-(the host buffer's fresh pages), which they do not."""
+"""This machine's emulated device: a swap is a SerializeTensor and a ParseTensor on the compute's own cores, so
+copies do not overlap computation. The default rates are used for its copies; a round trip of tens of MB into
+fresh host pages takes longer than they say."""
 
 
 def transfer_time_s(size_bytes: int, machine: MachineModel) -> float:

@@ -9,7 +9,8 @@ from seqmem.analysis import StepAnalysis, as_planned
 from seqmem.budget import swap_events
 from seqmem.critical_path import Timing
 from seqmem.files import save_figure
-from seqmem.sim.simulator import MemoryTrace, simulate
+from seqmem.sim.simulator import simulate
+from seqmem.sim.trace import MemoryTrace
 from seqmem.swap.plan import SwapPlan
 from seqmem.units import MIB
 

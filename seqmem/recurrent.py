@@ -23,9 +23,8 @@ GRU always runs the cell step by step in Keras' generic RNN loop (not its fused
 does so where the inputs have a mask or are ragged, or with `go_backwards`,
 `stateful` or `unroll`; otherwise it runs `seqmem.lstm_sequence`, which keeps
 the same (inputs, h and c of every step) and does the products that do not wait
-on the recurrence for blocks of steps at once (on 2 CPU cores, 650 units, the
-language model's throughput 0.91-1.05x of Keras' LSTM, against 0.82-0.90x step
-by step: docs/results.md). Dropout and recurrent dropout are not supported
+on the recurrence for blocks of steps at once (throughput against Keras' LSTM:
+`python -m models.lm.benchmark`, docs/results.md). Dropout and recurrent dropout are not supported
 (their masks would have to be replayed in backward): a nonzero rate is a
 ValueError.
 """

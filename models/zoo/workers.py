@@ -29,38 +29,40 @@ from typing import Any, Optional, Sequence
 
 __all__ = ["FAMILY", "MODELS", "STEPS", "run_model", "run_workers"]
 
-MODELS = ("mobilenet_v2", "small_cnn")
+MODELS = ("mobilenet_v2", "resnet50", "small_cnn")
 FAMILY = "data parallel (2 MultiWorkerMirroredStrategy workers)"
 STEPS = {"mobilenet_v2_2_workers": ("mobilenet_v2", 32)}  # the zoo's: name -> (model, images per worker)
 _WORKERS = 2
 
 
 def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
-                hold_mb: Sequence[int] = (0, 0), timeout_s: float = 600, keras_fit: bool = False) -> list[dict[str, Any]]:
-    """Run the two workers (see the module docstring), each a process forked from seqmem's fork server,
-    and return each one's result, by index. hold_mb: MiB each worker allocates on its device after
-    training, for one more call (to show what a worker that runs out of memory does to the other;
-    `_call_holding`; every worker makes that call when any holds memory): its outcome in the result's
-    "after_hold". A worker still running after `timeout_s` seconds is killed and reported as
+                hold_mb: Sequence[int] = (), timeout_s: float = 600, keras_fit: bool = False,
+                workers: int = _WORKERS) -> list[dict[str, Any]]:
+    """Run `workers` workers (see the module docstring; two by default), each a process forked from seqmem's
+    fork server, and return each one's result, by index. hold_mb: MiB each worker allocates on its device
+    after training (none by default), for one more call (to show what a worker that runs out of memory does
+    to the other; `_call_holding`; every worker makes that call when any holds memory): its outcome in the
+    result's "after_hold". A worker still running after `timeout_s` seconds is killed and reported as
     {"error": "timeout"}."""
     from seqmem.runtime import device, fork_server
 
-    ports = _free_ports(_WORKERS)
+    hold_mb = list(hold_mb) or [0] * workers
+    ports = _free_ports(workers)
     env = device.fresh_process_env(arena_mb)
     with tempfile.TemporaryDirectory() as folder:
-        folders = [os.path.join(folder, f"worker{index}") for index in range(_WORKERS)]
+        folders = [os.path.join(folder, f"worker{index}") for index in range(workers)]
         argvs = [["--worker", str(index), "--ports", ",".join(map(str, ports)), "--model", model, "--batch",
                   str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps), "--hold-mb", str(hold_mb[index]),
                   "--out", os.path.join(folders[index], "result.json")]
                  + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb)
-                 + ["--keras-fit"] * keras_fit for index in range(_WORKERS)]
+                 + ["--keras-fit"] * keras_fit for index in range(workers)]
         for path in folders:
             os.mkdir(path)
 
         def run(argv: list[str], path: str) -> Optional[int]:
             return fork_server.run_forked("models.zoo.workers:forked_worker", argv, env, path, timeout_s)
 
-        with concurrent.futures.ThreadPoolExecutor(_WORKERS) as pool:  # a thread waits on each worker
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # a thread waits on each worker
             statuses = list(pool.map(run, argvs, folders))
         return [_result(status, path) for status, path in zip(statuses, folders)]
 
@@ -222,6 +224,9 @@ def _model(name: str):
     if name == "mobilenet_v2":
         return tf.keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10,
                                                  classifier_activation=None)
+    if name == "resnet50":
+        return tf.keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10,
+                                              classifier_activation=None)
     layers = tf.keras.layers
     return tf.keras.Sequential([layers.Input((32, 32, 3))]
                                + [layer for width in (32, 64, 64) for layer in

@@ -5,8 +5,7 @@ profiler (`MemoryAllocation`/`MemoryDeallocation` events on the host plane)
 with the chunk's address and bytes, the op and shape it was allocated for, and
 the bytes in use after it. Replayed, the events give the memory in use over the
 step and the buffers live at its peak, op by op: what a prediction of the peak
-can be checked against, buffer by buffer (docs/results.md, "What the simulator
-models of loops and calls").
+can be checked against, buffer by buffer (`seqmem profile --at-peak N`).
 
 Needs a BFC allocator: on the emulated device, or a GPU. Bytes are the chunks
 the allocator handed out (its rounding and padding included), as

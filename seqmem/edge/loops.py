@@ -4,10 +4,8 @@ A loop runs up to `parallel_iterations` iterations at once (tf.while_loop: 10,
 tfa's decoders and every gradient loop of theirs: 32). Each iteration in flight
 holds its own temporaries, and a gradient loop pops its saved activations that
 far ahead, so a loop's memory depends on the order the executor happens to pick.
-Bounded at 1, iterations run one after another. Measured on the NMT step (T=50,
-batch 8, 256 units; emulated device, one stream; `python -m models.nmt.loop_peaks`,
-docs/results.md): per-process median peaks 57-177 MB as traced, 54.7-74.1 MB
-bounded.
+Bounded at 1, iterations run one after another (`python -m models.nmt.loop_peaks`
+measures a step's peaks both ways).
 
 Loops are functional `While`/`StatelessWhile` nodes (TF1 frames: their `Enter`
 nodes), in the graph or inside library functions (Keras' LSTM runs its loop in

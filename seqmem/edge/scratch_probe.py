@@ -124,10 +124,9 @@ def _probe_graph(graph: Graph, node: Node, node_defs: Mapping) -> graph_pb2.Grap
 def _keep_after_probe(probe: graph_pb2.GraphDef, name: str, info) -> None:
     """Read input `name` (the size of an output) once more after the probed op, by a `Shape` that waits for
     it, so the op cannot write that output into the input's buffer: the simulator gives every output of an
-    op it does not list as in-place a buffer of its own. Probed with its first input free to be overwritten,
-    MaxPoolGrad (cnn example, batch 64) wrote its 16 MiB output there, and its 8 MiB int64 argmax temporary
-    measured as no scratch at all. Inputs of other sizes stay free, as a kernel's temporaries may take them
-    where the op is their last reader."""
+    op it does not list as in-place a buffer of its own (an op that wrote its output into its input would
+    leave its temporaries room there, and they would measure as no scratch). Inputs of other sizes stay
+    free, as a kernel's temporaries may take them where the op is their last reader."""
     keep = probe.node.add()
     keep.name, keep.op = f"{name}/kept", "Shape"
     keep.input.extend([name, "^probe"])
@@ -184,9 +183,8 @@ def _run_probes(graph: Graph, probes: list[tuple[bytes, tuple[Node, graph_pb2.Gr
                                 if n.name.endswith("/kept")]
             fetches[signature] = (node, run, input_bytes + sum(info.size_bytes or 0 for info in node.outputs))
     config = tf.compat.v1.ConfigProto(
-        # one op at a time, as on one compute stream: with the session's default two threads, the Fill ops that
-        # make the probe's inputs could overlap its op, and one Conv2DBackpropFilter (ResNet-50, batch 550)
-        # measured 104.1 or 138.5 MB from run to run
+        # one op at a time, as on one compute stream: with the session's default threads, the Fill ops that
+        # make the probe's inputs could overlap its op, and its scratch would differ from run to run
         inter_op_parallelism_threads=1, use_per_session_threads=True,
         graph_options=tf.compat.v1.GraphOptions(
             # no constant folding: the probe's inputs are constants, the op must still run
@@ -211,9 +209,8 @@ def _run_probes(graph: Graph, probes: list[tuple[bytes, tuple[Node, graph_pb2.Gr
 def _warm_arena() -> None:
     """Give the arena one large free region, so that no probe sees region growth or a chunk handed out whole:
     the BFC allocator splits a free chunk only when it is at least twice the request, so a temporary placed
-    in what a smaller region had left beside the probe's inputs counted that whole remainder (ResNet-50 at
-    batch 550: a Conv2DBackpropFilter with 20 MB of scratch measured 104 MB beside its 172 MB of inputs in a
-    256 MiB region). On the emulated device the region is all the arena has left (its budget less 8 MiB is
+    in what a smaller region had left beside the probe's inputs would count that whole remainder. On the
+    emulated device the region is all the arena has left (its budget less 8 MiB is
     asked for, then halves); elsewhere 256 MiB. A failed allocation costs seconds (the allocator waits and
     retries), so sizes start within the arena."""
     if device.arena_reserved():

@@ -1,7 +1,7 @@
 """Trip counts of a step's data-dependent while loops, measured by running what they need.
 
 A loop whose condition compares its counter with a constant has a trip count
-the graph states (`capture.constant_trip_count`). A loop that runs until its
+the graph states (`list_sizes.constant_trip_count`). A loop that runs until its
 data says so (a tfa `BasicDecoder` without `maximum_iterations`, which stops
 once every sequence is finished) does not: the lists it fills for its gradient
 then have no size the graph states, and every tensor stacked from them has an
@@ -32,7 +32,7 @@ _log = logging.getLogger(__name__)
 
 
 def measured_trip_counts(function: capture.ConcreteFunction, loops: Sequence[str], args: Any) -> dict[str, int]:
-    """Iterations each of `loops` (while loops of `function`'s own graph, `capture.unbounded_loops`) ran on
+    """Iterations each of `loops` (while loops of `function`'s own graph, `list_sizes.unbounded_loops`) ran on
     `args` (the step's arguments, structured as it takes them), by loop name. Empty when running them ran
     out of memory (logged)."""
     runner = graph_def_runner(function, function.graph.as_graph_def(), fetches=[f"{name}:0" for name in loops])

@@ -3,13 +3,9 @@
 A loop body or a called function gets a variable as a resource argument. In
 the step's own graph TensorFlow knows the variable behind a captured handle
 (its handle data), but a body built from its FunctionDef does not: the body's
-`ReadVariableOp` has an unknown shape, and so has everything computed from it.
-In the NMT decoder's body that left the LSTM cell's two [batch, 4 x units]
-products and the attention's [batch, 1, units] context unsized (0 bytes), so
-the iteration the simulator replays lacked them: with efficient attention at
-batch 223 the bounded step was predicted at 438.9 MB for 462.5-467.2 MB
-measured; with the reads shaped, 468.6 MB for 462.5 MB, in each of three
-processes (docs/results.md, "Variable reads shaped in loop bodies").
+`ReadVariableOp` has an unknown shape, and so has everything computed from it
+(in an RNN decoder's body, the cell's products and the attention's context):
+unsized, the iteration the simulator replays would lack them.
 
 `with_variable_shapes` copies a GraphDef and states, in each function a loop or
 call runs (at any depth, following the resource arguments it passes on), the

@@ -247,9 +247,8 @@ def on_device(array: Any) -> Any:
     """A tensor of `array` (a NumPy array or anything `np.asarray` takes) in a buffer of the device's own.
 
     `tf.constant` of a NumPy array sometimes keeps the array's own buffer, outside the emulated device's
-    arena, and sometimes copies it in: the mlp example's inputs were in the arena in some processes and not
-    in others, and its step peaked at 49.1 or 48.3 MB. Parsing a serialized copy always allocates the tensor
-    on the device, as a GPU's inputs are copied to it.
+    arena, and sometimes copies it in, so the same step's peak would differ from process to process.
+    Parsing a serialized copy always allocates the tensor on the device, as a GPU's inputs are copied to it.
     """
     import numpy as np
     import tensorflow as tf

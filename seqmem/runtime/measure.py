@@ -53,8 +53,8 @@ def _assign_in_place(handle: tf.Tensor, value: np.ndarray) -> None:
     """Set the variable behind `handle` to `value`, in the buffer it already has where that is exact.
 
     `AssignVariableOp` adopts its value's buffer, which moves the variable to wherever that value was
-    allocated: restored so after every calibration or measurement, ResNet-50's 254 MB of weights and slots
-    (batch 600) moved through its 1024 MB arena. Two in-place writes instead:
+    allocated: restored so after every calibration or measurement, a model's weights and slots would move
+    through its arena, and the arena's history with them. Two in-place writes instead:
 
     - a variable in TensorFlow's copy-on-read mode (one a sparse op touched, `seqmem.edge.copy_on_read`)
       gets `var[:] = value` (`ResourceStridedSliceAssign`): any other update would

@@ -402,7 +402,7 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
         plan = _plan_for_less(planner, step.plan, measured, min(measured_peaks, default=None))
         original, step = step.original, None
         # A step that ran holds device memory (its functions' constants, folded when TensorFlow instantiated
-        # them: 38 MB for a 4-layer LSTM LM at batch 200) until its graph's reference cycles are collected.
+        # them) until its graph's reference cycles are collected.
         # Left to the collector, it shares the arena with the next plan's step, which then measures high or,
         # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
         gc.collect()

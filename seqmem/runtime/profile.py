@@ -22,7 +22,8 @@ from seqmem.plot import plot_memory_curves
 from seqmem.runtime import device
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks, variables_restored
 from seqmem.runtime.step_analysis import analyze_function
-from seqmem.sim.simulator import MemoryTrace, simulate
+from seqmem.sim.simulator import simulate
+from seqmem.sim.trace import MemoryTrace
 from seqmem.units import MIB
 
 __all__ = ["FeatureMap", "MeasuredPeak", "Profile", "measure_step_peak", "profile"]

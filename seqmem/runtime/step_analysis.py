@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from seqmem.analysis import StepAnalysis, analyze_graph
 from seqmem.critical_path import MachineModel
-from seqmem.edge import capture
+from seqmem.edge import capture, list_sizes
 from seqmem.gc_pause import gc_paused
 from seqmem.edge.bodies import body_memory, handed_over
 from seqmem.edge.variable_shapes import variable_shapes
@@ -69,7 +69,7 @@ def _trip_counts(function: Any, sample_inputs: Any) -> dict[str, int]:
     such loops, on synthetic inputs made here (freed before the analysis reads what the device holds)."""
     if not isinstance(function, capture.ConcreteFunction):
         return {}
-    loops = capture.unbounded_loops(function)
+    loops = list_sizes.unbounded_loops(function)
     if not loops:
         return {}
     if sample_inputs is None:

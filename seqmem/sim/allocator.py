@@ -16,9 +16,8 @@ model of the allocator to predict them:
   exists. Then either
   - growth mode (TensorFlow's CPU arena): when nothing fits, a new region is
     allocated, doubling in size, so a model's first large tensor opens the
-    second region. (Opening the first region for the mlp example's 3 MiB
-    kernel, 4 MiB, shifted every later region: its pinned step was predicted
-    at 52.1 MB, 50.0 then, for 48.1 measured.) Or
+    second region (were the first region opened by a model's tensor
+    instead, every later region would shift). Or
   - a reserved arena (`reserved=True`, as `seqmem.runtime.device.reserve_arena`
     leaves the emulated device's, and as a GPU's arena is by default): the
     second region is all the rest of the arena (unbounded without a limit),

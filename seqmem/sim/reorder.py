@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Optional
 
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.sim.simulator import MemoryTrace
+from seqmem.sim.trace import MemoryTrace
 
 __all__ = ["refine_order"]
 

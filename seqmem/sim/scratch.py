@@ -5,8 +5,8 @@ device `edge.scratch_probe` measures every large op instead. Only the largest
 known scratch is modelled:
 - Conv2DBackpropFilter (after Conv2DCustomBackpropFilterOp): an im2col buffer of
   `shard` images x output pixels x filter size, the shard sized so one work
-  unit set spans about 32 MiB of elements. Measured TF 2.15 kernels allocate
-  within about 15% of this for 3x3 filters; 1x1 filters differ more.
+  unit set spans about 32 MiB of elements (a model of TF 2.15's kernel: on a
+  measuring device the probe replaces it).
 Other ops are taken to need none. `with_concurrent_scratch` adds the scratch of
 ops the executor may run at the same time.
 """

@@ -25,8 +25,7 @@ Model (that of TensorFlow's executor with a BFC allocator):
   element as the iteration writes it, as a loop bounded to one iteration at a
   time runs; the loop is charged the most that held. Which free chunk a
   request gets, and so the padding the BFC allocator adds, follows from that
-  order (docs/results.md, "Loop iterations replayed through the allocator
-  model", measures what replaying changes).
+  order.
   Without an `Iteration`, the body is placed in 1 MiB pieces before each
   iteration's elements.
 - Parameters, constants, inputs, variables behind resource handles, the
@@ -61,103 +60,19 @@ without the iterations replayed).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-import dataclasses
-from dataclasses import dataclass
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS,
                                  LOOP_MERGE_OPS, STEP_ARGUMENT_OPS)
-from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
+from seqmem.sim.device_memory import DeviceMemory, instantiate, timeline_name, with_in_use_before
 from seqmem.sim.iteration import Iteration, replay
 from seqmem.sim.scratch import static_scratch_bytes
+from seqmem.sim.trace import DeviceTimeline, MemoryTrace, SwapEvent
 
-__all__ = ["BODY_PIECE_BYTES", "DeviceTimeline", "MemoryTrace", "SwapEvent", "body_pieces", "simulate"]
+__all__ = ["BODY_PIECE_BYTES", "body_pieces", "simulate"]
 
 BODY_PIECE_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class SwapEvent:
-    """Move `tensor` off the device after node `out_after`; restore it before node `in_before`.
-
-    resident_bytes: what stays on the device meanwhile (a compressed copy); restore_bytes: transient bytes
-    the restoration needs besides the copy (a recomputed chain's other outputs), live while `in_before` runs.
-    handle_bytes: what the host copy keeps on the device (`MachineModel.host_handle_bytes`), allocated once
-    the tensor's producer ran, as the swap-out runs then, and freed once the copy is back.
-    """
-
-    tensor: TensorRef
-    out_after: str
-    in_before: str
-    resident_bytes: int = 0
-    restore_bytes: int = 0
-    handle_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class DeviceTimeline:
-    """Memory of one device over the schedule; all sizes in bytes.
-
-    live_bytes[i]: transient bytes live while the schedule's i-th node runs, as
-    the allocator model counts them.
-    peak_bytes: persistent_bytes + max(live_bytes).
-    live_at_peak: the tensors owning the buffers live at the peak, largest first.
-    tensor_persistent_bytes, tensor_live_bytes: the same sums of tensor sizes
-    alone, without the allocator's rounding and fragmentation (equal to the
-    above for the "exact" allocator).
-    """
-
-    device: str
-    persistent_bytes: int
-    live_bytes: tuple[int, ...]
-    peak_bytes: int
-    peak_step: int
-    live_at_peak: tuple[tuple[TensorRef, int], ...]
-    tensor_persistent_bytes: int
-    tensor_live_bytes: tuple[int, ...]
-
-    @property
-    def tensor_peak_bytes(self) -> int:
-        """tensor_persistent_bytes + max(tensor_live_bytes)."""
-        return self.tensor_persistent_bytes + max(self.tensor_live_bytes, default=0)
-
-
-@dataclass(frozen=True)
-class MemoryTrace:
-    """Result of `simulate`.
-
-    order: the schedule simulated. devices: one timeline per device name ("" is
-    the default device). unknown_size: tensors whose size is unknown (counted as 0).
-    buffer_of: for every tensor, the tensor that owns the buffer it lives in
-    (itself, or the source of a view or an in-place write).
-    lifetimes: for every buffer owner, the schedule steps (allocated, freed) of
-    its original device buffer (a swapped-in copy is not listed); freed is -1
-    for buffers that outlive the step (persistent memory, graph outputs).
-    """
-
-    order: tuple[str, ...]
-    devices: Mapping[str, DeviceTimeline]
-    unknown_size: tuple[TensorRef, ...]
-    buffer_of: Mapping[TensorRef, TensorRef]
-    lifetimes: Mapping[TensorRef, tuple[int, int]]
-
-    @property
-    def peak_bytes(self) -> int:
-        """The highest peak over all devices, in bytes."""
-        return max((t.peak_bytes for t in self.devices.values()), default=0)
-
-    def busiest(self) -> DeviceTimeline:
-        """The timeline of the device with the highest peak."""
-        return max(self.devices.values(), key=lambda t: t.peak_bytes)
-
-
-def _timeline(device: str, default_device: str) -> str:
-    """The timeline a node placed on `device` runs on: the device's short name ("CPU:0"); "" for the
-    default device, placed by name or unplaced."""
-    marker = "device:"
-    short = device[device.index(marker) + len(marker):] if marker in device else device
-    return "" if short == default_device else short
 
 
 class _Buffer:
@@ -169,51 +84,6 @@ class _Buffer:
         self.pending = 0
         self.end = -1
         self.handle = -1
-
-
-class _DeviceMemory:
-    """One device's allocator model, the sum of its live tensor sizes, and what of both is persistent
-    (`before_step_chunk_bytes`: the chunks of the variables and inputs, which exist before the step runs)."""
-
-    def __init__(self, allocator: str, limit_bytes: int | None, reserved_arena: bool) -> None:
-        self.model = BFCAllocatorModel(limit_bytes, reserved_arena) if allocator == "bfc" else ExactAllocator()
-        self.tensor_bytes = 0
-        self.persistent_bytes = 0
-        self.before_step_chunk_bytes = 0
-        self.tensor_persistent_bytes = 0
-        self.persistent_handles: dict[TensorRef, int] = {}
-
-    def allocate(self, size: int, pieces: int = 1) -> int:
-        self.tensor_bytes += size
-        return self.model.allocate(size, pieces)
-
-    def free(self, handle: int, size: int) -> None:
-        self.tensor_bytes -= size
-        self.model.free(handle)
-
-    def allocate_filled(self, lists: Sequence[tuple[int, int]], body_bytes: int, body_pieces: int) -> list[int]:
-        """Handles of the lists a loop fills, `(bytes, elements)` each, placed as the loop runs one iteration
-        at a time: each iteration's body (`body_bytes` in `body_pieces`) is allocated, then that iteration's
-        element of each list, then the body is freed."""
-        elements: list[list[int]] = [[] for _ in lists]
-        for iteration in range(max(count for _, count in lists)):
-            body = self.model.allocate(body_bytes, body_pieces) if body_bytes else None
-            for handles, (size, count) in zip(elements, lists):
-                if iteration < count:
-                    handles.append(self.model.allocate(size // count))
-            if body is not None:
-                self.model.free(body)
-        self.tensor_bytes += sum(size for size, _ in lists)
-        return [self.model.group(handles) for handles in elements]
-
-    def allocate_persistent(self, owner: TensorRef, size: int, before_step: bool = False) -> None:
-        if owner not in self.persistent_handles:
-            before = self.model.in_use_bytes
-            self.persistent_handles[owner] = self.allocate(size)
-            self.persistent_bytes += self.model.in_use_bytes - before
-            self.tensor_persistent_bytes += size
-            if before_step:
-                self.before_step_chunk_bytes += self.model.in_use_bytes - before
 
 
 _ALLOCATORS = ("bfc", "exact")
@@ -263,46 +133,14 @@ def simulate(
     swap_by_tensor = _index_swaps(graph, swaps, position)
     if scratch_bytes is None:
         scratch_bytes = static_scratch_bytes(graph)
-    memories: dict[str, _DeviceMemory] = {}
+    memories: dict[str, DeviceMemory] = {}
     model = (allocator, limit_bytes, reserved_arena)
-    _instantiate(graph, memories, model, default_device)
+    instantiate(graph, memories, model, default_device)
     if allocator == "bfc":
         _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {}, default_device)
     trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
                  default_device)
-    return _with_in_use_before(trace, memories, in_use_before_bytes or {})
-
-
-def _instantiate(graph: Graph, memories: dict, allocator: tuple, default_device: str) -> None:
-    """Allocate, in `memories`, what is on the device before the step runs, in the order it got there:
-
-    - the variables behind the step's resource handles (`Node.resource_bytes`), in graph order: a function
-      captures them in the order its forward pass first reads them, which is the order a Keras model
-      creates them (its optimizer's slots last). Placed as the step first reads them instead, a pinned
-      ResNet-50 step (batch 654) was predicted 230 MB of persistent memory where 254 MB were in use;
-    - the constants TensorFlow folds the step's own nodes into (`Node.folded`), then those its calls and
-      loops hold (`Node.constant_sizes`), each its own buffer: their kernels allocate them when TensorFlow
-      instantiates the step, calls inlined and loops lowered into it, its own nodes first (allocator traces
-      of the first call of the NMT step and of a Keras LSTM language model: every constant they hold
-      allocated before their first op ran, the calls' and loop bodies' last)."""
-    def memory_of(node) -> _DeviceMemory:
-        device = _timeline(node.device, default_device)
-        if device not in memories:
-            memories[device] = _DeviceMemory(*allocator)
-        return memories[device]
-
-    for name, node in graph.nodes.items():
-        if node.resource_bytes:
-            memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
-    for name, node in graph.nodes.items():
-        if not node.folded:
-            continue
-        for index, info in enumerate(node.outputs):
-            if info.size_bytes:
-                memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes)
-    for name, node in graph.nodes.items():
-        for index, size in enumerate(node.constant_sizes):  # owners -2, -3, ...: -1 is the resource
-            memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)
+    return with_in_use_before(trace, memories, in_use_before_bytes or {})
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations,
@@ -348,9 +186,9 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         node = nodes[name]
         device = short_devices.get(node.device)
         if device is None:
-            device = short_devices[node.device] = _timeline(node.device, default_device)
+            device = short_devices[node.device] = timeline_name(node.device, default_device)
         if device not in memories:
-            memories[device] = _DeviceMemory(*allocator)
+            memories[device] = DeviceMemory(*allocator)
         memory = memories[device]
         if node.resource_bytes:
             memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
@@ -469,21 +307,6 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
         lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
     )
-
-
-def _with_in_use_before(trace: MemoryTrace, memories: Mapping[str, _DeviceMemory],
-                        in_use_before_bytes: Mapping[str, int]) -> MemoryTrace:
-    """`trace` with each device of `in_use_before_bytes` counting those bytes, measured, for the chunks the
-    model gave its variables and inputs."""
-    devices = dict(trace.devices)
-    for device, measured in in_use_before_bytes.items():
-        if device not in devices:
-            continue
-        shift = measured - memories[device].before_step_chunk_bytes
-        timeline = devices[device]
-        devices[device] = dataclasses.replace(timeline, persistent_bytes=timeline.persistent_bytes + shift,
-                                              peak_bytes=timeline.peak_bytes + shift)
-    return dataclasses.replace(trace, devices=devices)
 
 
 def body_pieces(size: int) -> tuple[int, ...]:

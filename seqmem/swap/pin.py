@@ -13,19 +13,15 @@ before it: TensorFlow inlines the call, and a data edge then orders only the
 body's nodes that read that input, while the call's control inputs gate every
 input of the body: with only the data edge, a called backward body's
 `zeros_like` and first transpose can run before the ops planned ahead of the
-call, above the predicted peak (docs/results.md, "Function calls inlined into a
-pinned step").
+call, above the predicted peak.
 
 The node after a loop or a conditional waits for it by a control edge even
 where it reads its output: TensorFlow lowers such a node into its functions'
 nodes and feeds each consumer from the node making that output, where a
-control edge from it waits for every output. A lowered loop handed out a
-resource its body passes through before it ran: in the NMT step at batch 223
-with every loop list swapped, the decoder's gradient accumulators
-(`VariableShape` of such a resource, then `Fill`) ran before the encoder in one
-process in three and after the decoder loop in the others, and that process
-peaked 19 MB (9%) higher (docs/results.md, "Loop outputs ready before the loop
-ran, and the decoder's split").
+control edge from it waits for every output. A lowered loop hands out a
+resource its body passes through before it runs, so a reader of that resource
+(a gradient accumulator's `VariableShape`, then `Fill`) could run far earlier
+than planned, in some processes and not in others.
 """
 
 from __future__ import annotations

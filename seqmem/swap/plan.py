@@ -21,8 +21,8 @@ __all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "ConservationOptions", 
            "SkippedCandidate", "SwapDecision", "SwapPlan"]
 
 # The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
-# on one stream, pinned, the built-in steps' predictions hold within 4% (docs/results.md), and calibration
-# measures each plan and plans again for less where one does not.
+# it covers the error of the prediction of a pinned step on one stream (`seqmem accuracy` measures it), and
+# calibration measures each plan and plans again for less where one does not fit.
 DEFAULT_SAFETY_MARGIN = 0.05
 
 # How a tensor can be conserved between its forward and backward uses (Janssen et al.'s conservation

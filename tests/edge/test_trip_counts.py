@@ -4,7 +4,7 @@ measured on the step's arguments, and the lists it fills for its gradient get th
 import numpy as np
 import tensorflow as tf
 
-from seqmem.edge import capture
+from seqmem.edge import capture, list_sizes
 from seqmem.edge.trip_counts import measured_trip_counts
 
 BATCH, STEPS, UNITS = 4, 6, 8
@@ -43,7 +43,7 @@ def test_the_trip_count_of_a_data_dependent_loop_is_measured_and_sizes_its_lists
     step, inputs = _decoder_step()
     lengths = tf.constant([3, 5, 2, 4])
     function = step.get_concrete_function(inputs, lengths)
-    (loop,) = capture.unbounded_loops(function)
+    (loop,) = list_sizes.unbounded_loops(function)
     counts = measured_trip_counts(function, [loop], (inputs, lengths))
     assert counts == {loop: 5}
     unsized = _accumulator_sizes(capture.from_tf(function), loop)
@@ -58,4 +58,4 @@ def test_a_loop_with_a_constant_bound_needs_no_run():
     def step(x):
         return tf.while_loop(lambda i, y: i < 7, lambda i, y: (i + 1, y * 2.0), (0, x))[1]
 
-    assert capture.unbounded_loops(step.get_concrete_function(tf.TensorSpec([2]))) == []
+    assert list_sizes.unbounded_loops(step.get_concrete_function(tf.TensorSpec([2]))) == []

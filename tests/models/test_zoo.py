@@ -71,3 +71,35 @@ def test_the_data_parallel_step_is_a_zoo_model(capsys, tmp_path):
         zoo.main(["--models", "mobilenet_v2_2_workers,no_such_model", "--out", str(tmp_path / "zoo")])
     refused = capsys.readouterr().err
     assert "unknown models no_such_model;" in refused and "mobilenet_v2_2_workers" in refused.split(";")[1]
+
+
+@pytest.mark.parametrize("argv", [["--workers", "1,x"], ["--workers", "0"], ["--budget-mb", "0"], ["--precision", "1"],
+                                  ["--model", "vgg"]])
+def test_the_worker_batch_search_refuses_bad_flags_before_anything_runs(argv, capsys, tmp_path):
+    from models.zoo import worker_batches
+
+    with pytest.raises(SystemExit):
+        worker_batches.main(argv + ["--out", str(tmp_path / "out")])
+    assert "usage:" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("results, raised", [
+    ([{"losses": [1.0, 0.5]}, {"losses": [1.0, 0.5]}], None),
+    ([{"error": "ResourceExhaustedError", "message": "OOM when allocating"},
+      {"error": "UnavailableError", "message": "Collective ops is aborted by: OOM when allocating"}], "ResourceExhaustedError"),
+    ([{"infeasible": "smallest achievable peak is 9.0 MB"}, {"losses": [1.0, 0.5]}], "InfeasibleBudgetError"),
+    ([{"error": "exit 1", "message": "Traceback\nValueError: bad"}, {"losses": [1.0]}], "RuntimeError"),
+])
+def test_a_worker_probe_fails_as_its_workers_did(results, raised, monkeypatch):
+    from models.zoo import worker_batches
+
+    calls = []
+    monkeypatch.setattr(worker_batches, "run_workers", lambda *args, **kwargs: calls.append((args, kwargs)) or results)
+    if raised is None:
+        assert worker_batches.trains_on_workers(8, "small_cnn", 64, True, 2)
+    else:
+        with pytest.raises(Exception) as error:
+            worker_batches.trains_on_workers(8, "small_cnn", 64, False, 2)
+        assert type(error.value).__name__ == raised
+    (args, kwargs), = calls
+    assert args[:5] == ("small_cnn", 8, 64, 64 if raised is None else None, 2) and kwargs == {"workers": 2}

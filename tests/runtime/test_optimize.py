@@ -31,8 +31,8 @@ def test_a_looping_step_is_bit_identical_to_the_original():  # the NMT step: tes
 ], ids=["swap", "recompute", "compress"])
 def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(name, batch, options, fractions):
     # measured in a fresh arena (one stream, 2026-11-25, gradient barrier split): swap 68.0-72.2 MB in 20 of 20
-    # processes against 68.9 predicted, and 78.9-80.6 MB in one process of a CI run (the arena's history,
-    # docs/results.md); 2026-11-23, before the split, 3 processes each: recompute 46.7-48.1 against 46.1,
+    # processes against 68.9 predicted, and 78.9-80.6 MB in one process of a CI run (the arena's history);
+    # 2026-11-23, before the split, 3 processes each: recompute 46.7-48.1 against 46.1,
     # compress 71.6-75.1 against 70.9; the originals 81-90 MB. So the lower of up to two fresh processes
     # is held to the prediction.
     for _ in range(2):
@@ -72,8 +72,7 @@ def test_memory_the_process_holds_on_the_device_counts_in_the_prediction():
     # variables and inputs, so 32 MiB more held by the process raise the prediction by 32 MiB (and the few
     # bytes of the small tensors made beside them: 1792 measured), as they raise the measured peak. Measured
     # beside them the step peaked at 130.2 MB, 116.7 predicted (84.8 without them): where they lie changes
-    # where the step's tensors go, which the prediction does not follow (docs/results.md, "Bytes in use
-    # before the step, measured").
+    # where the step's tensors go, which the prediction does not follow.
     run = run_with_budget(optimize_jobs.held_memory, "cnn", 64, 32, budget_mb=4096)
     assert run.ok, run.message
     alone, beside, held, peaks = run.value

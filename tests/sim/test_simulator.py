@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
-from seqmem.sim.simulator import SwapEvent, simulate
+from seqmem.sim.simulator import simulate
+from seqmem.sim.trace import SwapEvent
 from tests.builders import graph, node, training_graph
 
 
