@@ -16,7 +16,9 @@ written whole. The worker takes the job's environment, working directory and
 import path, sends its stdout to /dev/null and its stderr to the folder's
 `stderr`, and calls the job's function. A worker's own jobs (`optimize`'s
 scratch probe in a batch search's probe) go to the server that forked it, named
-in the worker's `SEQMEM_FORK_SERVER`, not to a server of its own. The server
+in the worker's `SEQMEM_FORK_SERVER`, not to a server of its own. A worker
+whose requester has ended (a probe past its timeout, a search interrupted) is
+killed by its supervisor, and so, in turn, are the jobs it asked for. The server
 exits when its stdin closes, that is, with the process that started it.
 """
 
@@ -44,6 +46,7 @@ __all__ = ["run_forked"]
 _PRELOADED = ("tensorflow", "seqmem.runtime.optimize")
 _IMPORT_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
 _POLL_S = 0.02
+_WATCH_S = 0.05  # how often a supervisor looks at its worker and at the process that asked for it
 _REPORT_S = 30.0  # how long a supervisor may take to report on a worker it was told to kill
 _SERVER_ENV = "SEQMEM_FORK_SERVER"  # in a worker: the socket of the server that forked it
 
@@ -64,7 +67,7 @@ def run_forked(target: str, args: Sequence[str], env: Mapping[str, str], folder:
         raise RuntimeError(f"forked jobs run with TF_ENABLE_ONEDNN_OPTS=0, which TensorFlow reads on import; the "
                            f"job's environment has {onednn!r}")
     request = {"target": target, "args": list(args), "env": dict(env), "cwd": os.getcwd(),
-               "path": [os.getcwd()] + [p for p in sys.path if p], "folder": folder}
+               "path": [os.getcwd()] + [p for p in sys.path if p], "folder": folder, "requester": os.getpid()}
     line = (json.dumps(request) + "\n").encode()
     try:
         _send(os.environ.get(_SERVER_ENV) or _started_socket(), line)
@@ -178,15 +181,32 @@ def _fork_supervisor(listener: socket.socket, socket_path: str) -> None:
 
 
 def _supervise(request: dict) -> None:
-    """Fork the worker, record its pid and then its exit status in the request's folder."""
+    """Fork the worker, record its pid and then its exit status in the request's folder. A worker whose
+    requester has ended (killed, or past its own timeout) is killed: nobody waits for its result."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     folder = request["folder"]
     worker = os.fork()
     if worker == 0:
         _work(request)
     _write_whole(os.path.join(folder, "pid"), str(worker))
-    _, status = os.waitpid(worker, 0)
+    while True:
+        ended, status = os.waitpid(worker, os.WNOHANG)
+        if ended:
+            break
+        if not _alive(request["requester"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        time.sleep(_WATCH_S)
     _write_whole(os.path.join(folder, "exit_status"), str(os.waitstatus_to_exitcode(status)))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _work(request: dict) -> None:

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -175,3 +176,33 @@ def test_a_workers_own_jobs_are_forked_by_the_server_that_forked_it():
         fork_server._stop()
     assert not os.path.exists(os.path.dirname(socket_path))
     assert device.run_with_budget(inter_op_threads, budget_mb=64).ok and fork_server._socket_path != socket_path
+
+
+def sleep_s(seconds: str) -> None:
+    time.sleep(float(seconds))
+
+
+def requests_a_long_job_then_ends(pid_path):
+    """In a worker: ask for a job that sleeps a minute, write its pid to `pid_path` once it runs, and end
+    without waiting for it."""
+    import threading
+
+    folder = tempfile.mkdtemp()
+    threading.Thread(target=fork_server.run_forked, daemon=True,
+                     args=("tests.runtime.test_device:sleep_s", ("60",), dict(os.environ), folder, 120)).start()
+    while not os.path.exists(os.path.join(folder, "pid")):
+        time.sleep(0.02)
+    with open(os.path.join(folder, "pid")) as pid, open(pid_path, "w") as out:
+        out.write(pid.read())
+    os._exit(0)
+
+
+@pytest.mark.device
+def test_a_job_whose_requester_ended_is_killed(tmp_path):
+    run = device.run_with_budget(requests_a_long_job_then_ends, str(tmp_path / "pid"), budget_mb=64)
+    assert run.verdict == "crashed"  # it ended without a result, as it meant to
+    pid = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 5
+    while fork_server._alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not fork_server._alive(pid)  # killed long before its minute
