@@ -2,7 +2,8 @@
 
     python -m models.zoo.workers [--model mobilenet_v2] [--batch 32] [--budget-mb 60] [--steps 3]
 
-Two worker processes, joined by `TF_CONFIG` on 127.0.0.1, each with its own
+Two worker processes (`run_workers` takes another count), each forked from
+seqmem's fork server, joined by `TF_CONFIG` on 127.0.0.1, each with its own
 emulated device of `--arena-mb` MiB (one inter-op thread, op determinism).
 Each builds the same Keras model under the strategy (same seed), draws its own
 `--batch` images (seeded by its index), and trains a `tf.function` calling
@@ -24,7 +25,6 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from typing import Any, Optional, Sequence
 
 __all__ = ["FAMILY", "MODELS", "STEPS", "run_model", "run_workers"]

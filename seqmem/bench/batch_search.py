@@ -10,8 +10,8 @@ raises something other than an OOM counts as "does not fit" and is reported in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from seqmem.runtime.device import run_with_budget

@@ -201,12 +201,14 @@ def _supervise(request: dict) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie, ended but not yet reaped, does not)."""
+    """Whether process `pid` exists (until its parent reaps it: a supervisor reaps its worker at once)."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:  # another user's: it exists
+        pass
+    return True
 
 
 def _work(request: dict) -> None:

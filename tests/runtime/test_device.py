@@ -1,7 +1,6 @@
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -187,7 +186,8 @@ def requests_a_long_job_then_ends(pid_path):
     without waiting for it."""
     import threading
 
-    folder = tempfile.mkdtemp()
+    folder = os.path.join(os.path.dirname(pid_path), "job")
+    os.mkdir(folder)
     threading.Thread(target=fork_server.run_forked, daemon=True,
                      args=("tests.runtime.test_device:sleep_s", ("60",), dict(os.environ), folder, 120)).start()
     while not os.path.exists(os.path.join(folder, "pid")):
