@@ -199,12 +199,13 @@ def train_without_seqmem_command(model: str, batch: int, budget_mb: int) -> Opti
     """Train two steps of `model` at `batch` as it is on an emulated `budget_mb` MiB device; print whether it
     trains or runs out of memory. Returns whether it trained; None when it failed otherwise (said why)."""
     from seqmem import cli_jobs
+    from seqmem.bench.batch_search import PROBE_STALL_S
     from seqmem.bench.workload import Workload, trains
     from seqmem.runtime.device import run_with_budget
 
     with _Stage(f"training {model} at batch {batch} without seqmem on an emulated {budget_mb} MB device"):
         run = run_with_budget(trains, batch, Workload(cli_jobs.model_step, (("source", model),), False, budget_mb),
-                              budget_mb=budget_mb)
+                              budget_mb=budget_mb, stall_s=PROBE_STALL_S)  # the batch searches' probe, as they run it
     print(f"  without seqmem: {'trains' if run.ok else run.verdict}")
     if run.verdict not in ("ok", "oom"):
         _fail(run, "training without seqmem")

@@ -30,6 +30,7 @@ import os
 import sys
 from typing import Any
 
+from seqmem.bench.batch_search import PROBE_STALL_S
 from seqmem.files import write_json, write_text
 from seqmem.runtime.device import run_with_budget
 from seqmem.units import MIB
@@ -39,7 +40,6 @@ from models.zoo.steps import STEPS
 
 _ARENA_MB = 4096  # the original's arena: room for any zoo step as written
 _TIMEOUT_S = 900.0
-_STALL_S = 2.0  # the steps run on inputs in memory: idle this long, a call waits on a full arena (an OOM)
 
 
 def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB) -> dict:
@@ -49,14 +49,14 @@ def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, are
     if name in workers.STEPS:
         return workers.run_model(name, fraction, runs, steps, arena_mb)
     original = _value(run_with_budget(jobs.original, name, batch, steps, budget_mb=arena_mb, timeout_s=_TIMEOUT_S,
-                                      stall_s=_STALL_S))
+                                      stall_s=PROBE_STALL_S))
     row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
     if "verdict" in original:
         return row
     budget_mb = math.floor(fraction * original["peak_bytes"] / MIB)
     row["budget_mb"] = budget_mb
     row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, budget_mb=budget_mb,
-                                               timeout_s=_TIMEOUT_S, stall_s=_STALL_S)) for _ in range(runs)]
+                                               timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S)) for _ in range(runs)]
     return row
 
 

@@ -1,8 +1,8 @@
 """The zoo's data-parallel step: two `MultiWorkerMirroredStrategy` workers on this machine.
 
-    python -m models.zoo.workers [--model mobilenet_v2] [--batch 32] [--budget-mb 60] [--steps 3]
+    python -m models.zoo.workers [--model mobilenet_v2] [--batch 32] [--budget-mb 60] [--steps 3] [--workers 2]
 
-Two worker processes (`run_workers` takes another count), each forked from
+Two worker processes (or `--workers`), each forked from
 seqmem's fork server, joined by `TF_CONFIG` on 127.0.0.1, each with its own
 emulated device of `--arena-mb` MiB (one inter-op thread, op determinism).
 Each builds the same Keras model under the strategy (same seed), draws its own
@@ -247,6 +247,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--arena-mb", type=int, default=1024, help="each worker's emulated device, MiB")
     parser.add_argument("--budget-mb", type=float, default=None, help="optimize to this budget (default: as written)")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=_WORKERS, help="worker processes")
     parser.add_argument("--keras-fit", action="store_true",
                         help="train with Keras fit (seqmem.keras.fit_within_budget with --budget-mb) instead")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -255,12 +256,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--call-holding", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("batch", "arena_mb", "steps"):
+    for name in ("batch", "arena_mb", "steps", "workers"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.worker is None:
         for index, result in enumerate(run_workers(args.model, args.batch, args.arena_mb, args.budget_mb,
-                                                   args.steps, keras_fit=args.keras_fit)):
+                                                   args.steps, keras_fit=args.keras_fit, workers=args.workers)):
             print(json.dumps({"worker": index, **result}))
         return 0
     try:

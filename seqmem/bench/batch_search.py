@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from seqmem.runtime.device import run_with_budget
 
-__all__ = ["BatchSearch", "extrapolated_batch", "largest_batch"]
+__all__ = ["PROBE_STALL_S", "BatchSearch", "extrapolated_batch", "largest_batch"]
 
-_STALL_S = 2.0  # a probe's steps run on inputs in memory: idle this long, it waits on a full arena (an OOM)
+PROBE_STALL_S = 2.0  # a probe's steps run on inputs in memory: idle this long, it waits on a full arena (an OOM)
 
 
 @dataclass
@@ -67,7 +67,7 @@ def largest_batch(
 
     def trains_once(batch: int, run_index: int) -> bool:
         run = run_with_budget(probe, batch, *args, budget_mb=budget_mb, timeout_s=timeout_s, one_stream=one_stream,
-                              stall_s=_STALL_S)
+                              stall_s=PROBE_STALL_S)
         verdict = run.verdict if not run.ok or run.value else "failed"
         if on_probe is not None:
             on_probe(batch, verdict)

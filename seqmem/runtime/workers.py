@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -91,11 +92,16 @@ class Workers:
 
 def failure_line(message: str) -> str:
     """The line of a TensorFlow error `message` that says what failed: a worker's abort or the out-of-memory
-    line when there is one, else the first line that is not a generic header."""
+    line when there is one (with the node that ran out, where the message names it: `[[{{node name}}]]`),
+    else the first line that is not a generic header."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     oom = [line for line in lines if ABORT_MARK in line or "OOM when allocating" in line]
     informative = [line for line in lines if not line.endswith("execution error:")]
-    return (oom or informative or lines or [""])[0]
+    line = (oom or informative or lines or [""])[0]
+    node = re.search(r"\{\{node ([^}]+)\}\}", message)
+    if "OOM when allocating" in line and node is not None:
+        line += f" in node {node[1]}"
+    return line
 
 
 def plan_digest(plan: SwapPlan) -> int:

@@ -83,6 +83,16 @@ def test_the_worker_batch_search_refuses_bad_flags_before_anything_runs(argv, ca
     assert "usage:" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv", [["--workers", "0"], ["--batch", "0"], ["--model", "vgg"]])
+def test_the_workers_run_refuses_bad_flags_before_anything_runs(argv, capsys, monkeypatch):
+    from models.zoo import workers
+
+    monkeypatch.setattr(workers, "run_workers", lambda *args, **kwargs: pytest.fail("a worker was started"))
+    with pytest.raises(SystemExit):
+        workers.main(argv)
+    assert "usage:" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("results, raised", [
     ([{"losses": [1.0, 0.5]}, {"losses": [1.0, 0.5]}], None),
     ([{"error": "ResourceExhaustedError", "message": "OOM when allocating"},

@@ -81,6 +81,9 @@ def test_one_worker_gathers_its_own_values_and_agrees_with_itself():
 def test_the_failure_line_names_the_abort_or_the_allocation():
     assert failure_line("Graph execution error:\n\nOOM when allocating tensor with shape[4]\n[[node]]") \
         == "OOM when allocating tensor with shape[4]"
+    assert failure_line("Graph execution error:\nOOM when allocating tensor with shape[4] on CPU:0\n"
+                        "\t [[{{node gradient_tape/conv/Conv2DBackpropFilter}}]]\nHint: ...") \
+        == "OOM when allocating tensor with shape[4] on CPU:0 in node gradient_tape/conv/Conv2DBackpropFilter"
     assert ABORT_MARK in failure_line(f"Graph execution error:\nCollective ops is aborted by: {ABORT_MARK}: x")
     assert failure_line("Graph execution error:\nsomething else") == "something else"
 
