@@ -5,8 +5,9 @@
 Two worker processes (or `--workers`), each forked from
 seqmem's fork server, joined by `TF_CONFIG` on 127.0.0.1, each with its own
 emulated device of `--arena-mb` MiB (one inter-op thread, op determinism).
-Each builds the same Keras model under the strategy (same seed), draws its own
-`--batch` images (seeded by its index), and trains a `tf.function` calling
+Each builds the same model under the strategy (same seed: a Keras image model,
+or `nmt`, the NMT benchmark's LSTM encoder-decoder with tfa attention), draws
+its own `--batch` examples (seeded by its index), and trains a `tf.function` calling
 `strategy.run` (gradients all-reduced across the workers) for `--steps` calls:
 as written, or, with `--budget-mb`, through `seqmem.optimize` under
 `strategy.scope()`. Prints one JSON line per worker: the fields of the zoo's
@@ -19,17 +20,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import math
 import os
 import socket
 import sys
 import tempfile
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["FAMILY", "MODELS", "STEPS", "run_model", "run_workers"]
 
-MODELS = ("mobilenet_v2", "resnet50", "small_cnn")
+MODELS = ("mobilenet_v2", "resnet50", "small_cnn", "nmt")
+_NMT_SHAPE = (30, 128, 1000)  # the NMT step's sentence length, units and vocabulary
 FAMILY = "data parallel (2 MultiWorkerMirroredStrategy workers)"
 STEPS = {"mobilenet_v2_2_workers": ("mobilenet_v2", 32)}  # the zoo's: name -> (model, images per worker)
 _WORKERS = 2
@@ -130,7 +133,6 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     from seqmem.runtime import device
 
     device.configure_emulated_device(arena_mb)
-    import numpy as np
     import tensorflow as tf
 
     from models.zoo.jobs import optimized_step, predicted, trained
@@ -138,30 +140,25 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
 
     tf.config.experimental.enable_op_determinism()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        network, optimizer = _model(model), tf.keras.optimizers.SGD(0.01, momentum=0.9)
-        optimizer.build(network.trainable_variables)
     if keras_fit:
+        with strategy.scope():
+            network, optimizer = _model(model), tf.keras.optimizers.SGD(0.01, momentum=0.9)
+            optimizer.build(network.trainable_variables)
         return _fitted(network, optimizer, strategy, batch, budget_mb, steps, device)
-    rng = np.random.default_rng(index)
-    images = tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32))
-    labels = tf.constant(rng.integers(0, 10, [batch]).astype(np.int32))
-    global_batch = batch * strategy.num_replicas_in_sync
+    task = _task(model, batch, index, strategy)
 
-    def replica_step(images, labels):
+    def replica_step(*inputs):
         with tf.GradientTape() as tape:
-            logits = network(images, training=True)
-            loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-            loss /= global_batch
-        gradients = tape.gradient(loss, network.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, network.trainable_variables))
+            loss = task.loss(*inputs)
+        gradients = tape.gradient(loss, task.trainable)
+        task.optimizer.apply_gradients(zip(gradients, task.trainable))
         return loss
 
     @tf.function
-    def step(images, labels):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(images, labels)), axis=None)
+    def step(*inputs):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=inputs), axis=None)
 
-    built = ZooStep(step, (images, labels), tuple(network.variables) + tuple(optimizer.variables))
+    built = ZooStep(step, task.inputs, task.variables)
     if budget_mb is None:
         fields = predicted(built)
     else:
@@ -217,6 +214,59 @@ def _call_holding(step, args: tuple, hold_mb: int) -> dict[str, str]:
     return {}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """What a worker trains: `loss(*inputs)` of one replica (its share of the global mean), minimized over
+    `trainable` by `optimizer`; `variables`: every variable the step changes (weights, optimizer slots)."""
+
+    loss: Callable[..., Any]
+    inputs: tuple
+    trainable: list
+    optimizer: Any
+    variables: tuple
+
+
+def _task(name: str, batch: int, index: int, strategy) -> _Task:
+    """Model `name` built under `strategy` the same on every worker (seed 0), with worker `index`'s own
+    `batch` examples: Keras images (32x32, 10 classes, SGD with momentum), or for "nmt" the NMT benchmark's
+    model (`models.nmt`, tfa attention, Adam) on random sentences of `_NMT_SHAPE`."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(index)
+    if name == "nmt":
+        from models.nmt.model import NMTConfig, NMTModel, masked_mean
+
+        time_steps, units, vocab = _NMT_SHAPE
+        tf.keras.utils.set_random_seed(0)
+        with strategy.scope():
+            network = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention="tfa"))
+            network.build_variables()
+            optimizer = tf.keras.optimizers.Adam(1e-3)
+            optimizer.build(network.trainable_variables)
+        tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)).astype(np.int32))  # noqa: E731
+        lengths = tf.fill([batch], time_steps)
+        inputs = (tokens(), lengths, tokens(), tokens(), lengths)
+
+        def loss(source, source_length, target_in, target_out, target_length):
+            token_losses = network.token_losses(source, source_length, target_in, target_out)
+            return masked_mean(token_losses, target_length) / strategy.num_replicas_in_sync
+    else:
+        with strategy.scope():
+            network, optimizer = _model(name), tf.keras.optimizers.SGD(0.01, momentum=0.9)
+            optimizer.build(network.trainable_variables)
+        inputs = (tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32)),
+                  tf.constant(rng.integers(0, 10, [batch]).astype(np.int32)))
+        global_batch = batch * strategy.num_replicas_in_sync
+
+        def loss(images, labels):
+            logits = network(images, training=True)
+            losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+            return tf.reduce_sum(losses) / global_batch
+    return _Task(loss, inputs, network.trainable_variables, optimizer,
+                 tuple(network.variables) + tuple(optimizer.variables))
+
+
 def _model(name: str):
     import tensorflow as tf
 
@@ -259,6 +309,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in ("batch", "arena_mb", "steps", "workers"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.keras_fit and args.model == "nmt":
+        parser.error("--keras-fit trains the Keras image models, not nmt")
     if args.worker is None:
         for index, result in enumerate(run_workers(args.model, args.batch, args.arena_mb, args.budget_mb,
                                                    args.steps, keras_fit=args.keras_fit, workers=args.workers)):

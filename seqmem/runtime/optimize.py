@@ -390,9 +390,7 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
     function, workers = step.function, step.workers
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
-        measured = _measured_peak(step, function, sample_inputs)
-        if workers is not None:
-            measured = workers.highest([measured])[0]
+        measured = _measured_peak(step, function, sample_inputs, planner.budget_bytes)
         if measured is not None and measured <= planner.budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
             step.restart()  # calibration's calls advanced its random kernels
@@ -444,25 +442,49 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
         return smallest  # the most-conserving plan: its measurement decides
 
 
-def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None) -> Optional[int]:
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None,
+                   budget_bytes: Optional[int] = None) -> Optional[int]:
     """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
-    synthetic), or None if one ran out of memory; for a step of several workers, whose collectives that
-    aborted, InfeasibleBudgetError instead. A call that does not fit waits in the allocator's retry (10 s on
-    the emulated device) before it fails: an idle wait calibration expects."""
+    synthetic), or None if one ran out of memory. A call that does not fit waits in the allocator's retry
+    (10 s on the emulated device) before it fails: an idle wait calibration expects.
+
+    For a step of several workers: the highest over every worker (None when any ran out of memory),
+    measured first with the step's all-reduces made local (`OptimizedStep.without_collectives`), then,
+    where that fits `budget_bytes` on every worker, with its collectives. A worker that runs out of memory
+    then aborts every worker's collectives: InfeasibleBudgetError on every worker."""
     args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
+    workers = step.workers
+    if workers is None:
+        return _peak_or_none(step, function, args)
+    local = step.without_collectives()
+    made_local = local is not None
+    if made_local:
+        measured = workers.highest([_peak_or_none(local, function, args)])[0]
+        local = None
+        gc.collect()  # the local step's folded constants leave the arena before the step runs
+        if measured is None or measured > budget_bytes:
+            return measured
+    try:
+        with stall_watch.expected_idle():
+            measured = max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
+    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError) as error:
+        if not (isinstance(error, tf.errors.ResourceExhaustedError) or ABORT_MARK in error.message):
+            raise
+        # this worker's step aborted every worker's collectives, or another worker's did: none can go on
+        where = "on this worker" if isinstance(error, tf.errors.ResourceExhaustedError) else "on another worker"
+        fitted = "" if not made_local else ", after it fitted with its all-reduces made local,"
+        raise InfeasibleBudgetError(
+            f"the optimized step ran out of memory {where} in calibration, over the "
+            f"{step.plan.budget_bytes / MIB:.1f} MB budget{fitted} and the workers' collectives were aborted, "
+            f"so no worker can re-plan. Restart every worker with a higher budget or a smaller batch. "
+            f"({failure_line(error.message)})") from None
+    return workers.highest([measured])[0]
+
+
+def _peak_or_none(step: OptimizedStep, function: capture.ConcreteFunction, args: Any) -> Optional[int]:
+    """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step`, or None if one ran out of memory."""
     try:
         with stall_watch.expected_idle():
             return max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
-    except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError) as error:
-        ran_out = isinstance(error, tf.errors.ResourceExhaustedError)
-        if step.workers is None and ran_out:
-            return None
-        if step.workers is None or not (ran_out or ABORT_MARK in error.message):
-            raise
-        # this worker's step aborted every worker's collectives, or another worker's did: none can go on
-        where = "on this worker" if ran_out else "on another worker"
-        raise InfeasibleBudgetError(
-            f"the optimized step ran out of memory {where} in calibration, over the "
-            f"{step.plan.budget_bytes / MIB:.1f} MB budget, and the workers' collectives were aborted, so no "
-            f"worker can re-plan. Restart every worker with a higher budget or a smaller batch. "
-            f"({failure_line(error.message)})") from None
+    except tf.errors.ResourceExhaustedError:
+        return None

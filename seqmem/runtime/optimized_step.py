@@ -19,6 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.collectives import local_graph_def
 from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import nodes_running, variable_writers
@@ -51,7 +52,8 @@ class OptimizedStep:
     graph_def: the rewritten graph. plan: what was swapped and why (see SwapPlan).
     analysis: the analysis of the original step the plan was made on.
     function: the original ConcreteFunction, original: what the caller passed
-    (a tf.function or `function`); both None for graph targets.
+    (a tf.function or `function`; None: run `graph_def` even where the plan
+    changes nothing); both None for graph targets.
     backend: the swap nodes' placement the graph was rewritten with.
     replan: when set (by `seqmem.optimize`), the plan to run instead of `plan`
     after a call ran out of memory (raises InfeasibleBudgetError when there is
@@ -74,7 +76,7 @@ class OptimizedStep:
         if function is not None:
             unchanged = (not plan.decisions and not plan.loop_swaps and not plan.pinned_order
                          and not plan.split_barriers and plan.loop_parallel_iterations is None)
-            self._run = original if unchanged else graph_def_runner(function, graph_def)
+            self._run = original if unchanged and original is not None else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:
         """Run the step. When the device runs out of memory (also where a swap-in on the emulated device
@@ -127,6 +129,13 @@ class OptimizedStep:
         self._run = None
         gc.collect()  # the function's graph has reference cycles; its folded constants live in the arena
         self._run = graph_def_runner(self.function, self.graph_def)
+
+    def without_collectives(self) -> Optional["OptimizedStep"]:
+        """This step with its all-reduces made local (`seqmem.edge.collectives.local_graph_def`), for one
+        worker to measure the plan alone: no collectives to abort when it runs out of memory, no re-plan.
+        None where the graph runs a collective that cannot be made local, or came from a graph."""
+        local = None if self.function is None else local_graph_def(self.graph_def)
+        return None if local is None else OptimizedStep(self.analysis, self.plan, local, self.backend, self.function)
 
     def _adopt(self, plan: SwapPlan) -> None:
         """Run `plan` from now on: drop this step's function and its device memory, then build the new one."""

@@ -11,7 +11,10 @@ them made the same one (`Workers.check_same`; `WorkersDisagreeError` on every
 worker otherwise). A worker whose step fails (out of memory) aborts the
 collectives (`Workers.abort`), so that the others' pending collectives fail
 with its message instead of waiting for it; TensorFlow's collectives then stay
-aborted until every worker restarts.
+aborted until every worker restarts. So calibration first runs each plan with
+its all-reduces made local (`seqmem.edge.collectives.local_graph_def`): a
+worker that runs out of memory there fails alone, and every worker plans again
+for less; only a plan that fitted on every worker runs with its collectives.
 """
 
 from __future__ import annotations
@@ -26,30 +29,13 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager import context
 
+from seqmem.edge.collectives import collective_ops
 from seqmem.errors import WorkersDisagreeError
 from seqmem.swap.plan import SwapPlan
 
-__all__ = ["ABORT_MARK", "Workers", "collective_ops", "failure_line", "plan_digest", "workers_of"]
+__all__ = ["ABORT_MARK", "Workers", "failure_line", "plan_digest", "workers_of"]
 
 ABORT_MARK = "seqmem: a worker's step failed"  # begins the message a worker aborts the collectives with
-
-# ops that exchange tensors with other workers (tensorflow/core/ops/collective_ops.cc, nccl_ops.cc)
-_COLLECTIVE_OPS = frozenset({
-    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveReduceScatterV2",
-    "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend", "CollectiveBcastSendV2",
-    "CollectiveBcastRecv", "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveAllToAllV3",
-    "NcclAllReduce", "NcclReduce", "NcclBroadcast",
-})
-
-
-def collective_ops(graph_def: graph_pb2.GraphDef) -> list[str]:
-    """The names of `graph_def`'s nodes, its library functions' included, that run a collective."""
-    nodes = [node.name for node in graph_def.node if node.op in _COLLECTIVE_OPS]
-    for function in graph_def.library.function:
-        nodes += [f"{function.signature.name}/{node.name}" for node in function.node_def
-                  if node.op in _COLLECTIVE_OPS]
-    return nodes
-
 
 @dataclasses.dataclass(frozen=True)
 class Workers:

@@ -11,7 +11,8 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.errors import WorkersDisagreeError
 from seqmem.ir.graph import TensorRef
-from seqmem.runtime.workers import ABORT_MARK, Workers, collective_ops, failure_line, plan_digest, workers_of
+from seqmem.edge.collectives import collective_ops
+from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, plan_digest, workers_of
 from seqmem.swap.plan import SwapDecision, SwapPlan
 
 
@@ -119,3 +120,44 @@ def test_keras_fit_within_budget_on_two_workers_trains_as_plain_fit():
     for before, after in zip(plain, fitted):
         assert after["peak_bytes"] <= budget_mb << 20
         assert (after["losses"], after["digest"]) == (before["losses"], before["digest"])
+
+
+class _Step:
+    """A step of two workers whose calls report `peak` bytes (None: out of memory), and its local twin."""
+
+    def __init__(self, workers, peak, local_peak, can_be_local=True):
+        self.workers, self.peak, self.calls = workers, peak, []
+        self.local = _Step(None, local_peak, None, can_be_local=False) if can_be_local else None
+
+    def without_collectives(self):
+        return self.local
+
+
+def _measured(monkeypatch, step, budget_bytes=100):
+    from seqmem.runtime import optimize as optimize_module
+
+    def step_peaks(run, args, variables, calls):
+        run.calls.append(calls)
+        if run.peak is None:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+        return [run.peak]
+
+    monkeypatch.setattr(optimize_module, "step_peaks", step_peaks)
+    monkeypatch.setattr(optimize_module, "captured_variables", lambda function: ())
+    return optimize_module._measured_peak(step, None, (), budget_bytes)
+
+
+def test_a_worker_out_of_memory_with_local_all_reduces_makes_every_worker_plan_again(monkeypatch):
+    step = _Step(_Gathered([[-1], [50]]), peak=60, local_peak=None)
+    assert _measured(monkeypatch, step) is None  # the other worker's 50 fitted: every worker plans again
+    assert step.local.calls and not step.calls  # the step with collectives never ran, none was aborted
+
+
+def test_a_plan_every_worker_fits_locally_is_measured_with_its_collectives(monkeypatch):
+    step = _Step(_Gathered([[90], [95]]), peak=90, local_peak=90)
+    assert _measured(monkeypatch, step) == 95
+    assert step.local.calls and step.calls
+    over = _Step(_Gathered([[120], [95]]), peak=90, local_peak=90)
+    assert _measured(monkeypatch, over) == 120 and not over.calls  # over the budget locally: plan again
+    unmade = _Step(_Gathered([[70], [80]]), peak=70, local_peak=None, can_be_local=False)
+    assert _measured(monkeypatch, unmade) == 80 and unmade.calls  # no local twin: measured as it is
