@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional
 
-from models.zoo.workers import MODELS, run_workers
+from models.zoo.workers import MODELS, NMT_SHAPE, run_workers
 
 __all__ = ["trains_on_workers"]
 
@@ -51,7 +51,8 @@ def trains_on_workers(batch: int, model: str, budget_mb: int, optimized: bool, w
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.zoo.worker_batches", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=MODELS, default="resnet50", help="Keras model, 32x32 images, 10 classes")
+    parser.add_argument("--model", choices=MODELS, default="resnet50",
+                        help="a Keras model (32x32 images, 10 classes) or nmt (models.zoo.workers)")
     parser.add_argument("--budget-mb", type=int, default=512, help="each worker's emulated device, MiB")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     parser.add_argument("--max-batch", type=int, default=1024, help="largest batch per worker tried")
@@ -82,7 +83,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                                                f"{verdict}", flush=True))
         rows.append({"workers": count, "base": found["base"].batch, "opt": found["opt"].batch,
                      "notes": found["base"].notes + found["opt"].notes})
-    print(f"{args.model}, 32x32, 10 classes, {args.budget_mb} MB per worker, batches per worker within "
+    shape = "T = {}, {} units, vocabulary {}".format(*NMT_SHAPE) if args.model == "nmt" else "32x32, 10 classes"
+    print(f"{args.model}, {shape}, {args.budget_mb} MB per worker, batches per worker within "
           f"{args.precision:.0%}\n| workers | B_base | B_opt | B_opt / B_base |\n|---:|---:|---:|---:|")
     for row in rows:
         ratio = f"{row['opt'] / row['base']:.2f}x" if row["base"] else "-"

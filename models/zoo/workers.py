@@ -29,10 +29,10 @@ import sys
 import tempfile
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["FAMILY", "MODELS", "STEPS", "run_model", "run_workers"]
+__all__ = ["FAMILY", "MODELS", "NMT_SHAPE", "STEPS", "run_model", "run_workers"]
 
 MODELS = ("mobilenet_v2", "resnet50", "small_cnn", "nmt")
-_NMT_SHAPE = (30, 128, 1000)  # the NMT step's sentence length, units and vocabulary
+NMT_SHAPE = (30, 128, 1000)  # the NMT step's sentence length, units and vocabulary
 FAMILY = "data parallel (2 MultiWorkerMirroredStrategy workers)"
 STEPS = {"mobilenet_v2_2_workers": ("mobilenet_v2", 32)}  # the zoo's: name -> (model, images per worker)
 _WORKERS = 2
@@ -229,7 +229,7 @@ class _Task:
 def _task(name: str, batch: int, index: int, strategy) -> _Task:
     """Model `name` built under `strategy` the same on every worker (seed 0), with worker `index`'s own
     `batch` examples: Keras images (32x32, 10 classes, SGD with momentum), or for "nmt" the NMT benchmark's
-    model (`models.nmt`, tfa attention, Adam) on random sentences of `_NMT_SHAPE`."""
+    model (`models.nmt`, tfa attention, Adam) on random sentences of `NMT_SHAPE`."""
     import numpy as np
     import tensorflow as tf
 
@@ -237,7 +237,7 @@ def _task(name: str, batch: int, index: int, strategy) -> _Task:
     if name == "nmt":
         from models.nmt.model import NMTConfig, NMTModel, masked_mean
 
-        time_steps, units, vocab = _NMT_SHAPE
+        time_steps, units, vocab = NMT_SHAPE
         tf.keras.utils.set_random_seed(0)
         with strategy.scope():
             network = NMTModel(NMTConfig(source_vocab=vocab, target_vocab=vocab, units=units, attention="tfa"))
