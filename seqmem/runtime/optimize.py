@@ -449,7 +449,7 @@ def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, samp
     (10 s on the emulated device) before it fails: an idle wait calibration expects.
 
     For a step of several workers: the highest over every worker (None when any ran out of memory),
-    measured first with the step's all-reduces made local (`OptimizedStep.without_collectives`), then,
+    measured first with the step's collectives made local (`OptimizedStep.without_collectives`), then,
     where that fits `budget_bytes` on every worker, with its collectives. A worker that runs out of memory
     then aborts every worker's collectives: InfeasibleBudgetError on every worker."""
     args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
@@ -472,7 +472,7 @@ def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, samp
             raise
         # this worker's step aborted every worker's collectives, or another worker's did: none can go on
         where = "on this worker" if isinstance(error, tf.errors.ResourceExhaustedError) else "on another worker"
-        fitted = "" if not made_local else ", after it fitted with its all-reduces made local,"
+        fitted = "" if not made_local else ", after it fitted with its collectives made local,"
         raise InfeasibleBudgetError(
             f"the optimized step ran out of memory {where} in calibration, over the "
             f"{step.plan.budget_bytes / MIB:.1f} MB budget{fitted} and the workers' collectives were aborted, "

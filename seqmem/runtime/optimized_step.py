@@ -131,7 +131,7 @@ class OptimizedStep:
         self._run = graph_def_runner(self.function, self.graph_def)
 
     def without_collectives(self) -> Optional["OptimizedStep"]:
-        """This step with its all-reduces made local (`seqmem.edge.collectives.local_graph_def`), for one
+        """This step with its collectives made local (`seqmem.edge.collectives.local_graph_def`), for one
         worker to measure the plan alone: no collectives to abort when it runs out of memory, no re-plan.
         None where the graph runs a collective that cannot be made local, or came from a graph."""
         local = None if self.function is None else local_graph_def(self.graph_def)

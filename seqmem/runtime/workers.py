@@ -12,7 +12,7 @@ worker otherwise). A worker whose step fails (out of memory) aborts the
 collectives (`Workers.abort`), so that the others' pending collectives fail
 with its message instead of waiting for it; TensorFlow's collectives then stay
 aborted until every worker restarts. So calibration first runs each plan with
-its all-reduces made local (`seqmem.edge.collectives.local_graph_def`): a
+its collectives made local (`seqmem.edge.collectives.local_graph_def`): a
 worker that runs out of memory there fails alone, and every worker plans again
 for less; only a plan that fitted on every worker runs with its collectives.
 """
