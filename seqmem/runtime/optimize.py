@@ -442,8 +442,8 @@ def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
         return smallest  # the most-conserving plan: its measurement decides
 
 
-def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any = None,
-                   budget_bytes: Optional[int] = None) -> Optional[int]:
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any,
+                   budget_bytes: int) -> Optional[int]:
     """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
     synthetic), or None if one ran out of memory. A call that does not fit waits in the allocator's retry
     (10 s on the emulated device) before it fails: an idle wait calibration expects.

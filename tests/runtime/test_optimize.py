@@ -223,7 +223,7 @@ def test_calibration_frees_a_step_before_measuring_the_next(monkeypatch):
     budget_bytes = int(0.98 * before)
     measured = []  # (weak reference to the step measured, whether the steps measured before it were alive)
 
-    def measured_peak(step, function, sample_inputs=None, budget_bytes=None):
+    def measured_peak(step, function, sample_inputs, planned_budget_bytes):
         measured.append((weakref.ref(step), [ref() is not None for ref, _ in measured]))
         return budget_bytes + 1 if len(measured) == 1 else budget_bytes  # over the budget once, then fits
 
@@ -351,7 +351,7 @@ def test_where_no_plan_leaves_the_margin_calibration_measures_the_most_conservin
     lowest = error.value.smallest_peak_bytes
     monkeypatch.setattr(device, "measuring_device_present", lambda: True)  # calibrate, with measurements faked
     monkeypatch.setattr(optimize_module, "_measured_peak",
-                        lambda step, function, sample_inputs=None, budget_bytes=None: lowest)
+                        lambda step, function, sample_inputs, planned_budget_bytes: lowest)
     # a 20% margin under this budget is below the lowest plan: the plan made is the lowest, not one for the budget
     budget_bytes = int(1.1 * lowest)
     step = optimize(example.step, budget_bytes / (1 << 20), input_signature=example.input_specs, safety_margin=0.2)
