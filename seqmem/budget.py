@@ -8,7 +8,11 @@ kinds allowed that apply to it (a swap whose transfer cannot hide, or a
 compression of a non-float32 tensor, does not); add it, by the cheapest kind
 that frees enough at the current peak (else the one that frees most), while it
 lowers the predicted peak, until the peak fits the budget. A tensor that a
-chosen recomputation reads stays on the device.
+chosen recomputation reads stays on the device. After the feature maps come the
+backward tensors that wait on the device for a later reader (`_held_tensors`:
+gradients waiting for a join, such as a data-parallel step's all-reduce pack or
+a global-norm clip); each can be swapped or compressed between its early and
+its late readers the same way.
 
 The peak is tracked incrementally: a swap removes the tensor's bytes from the
 live tensor bytes between its last forward reader and its swap-in, a range
@@ -127,11 +131,11 @@ class _MaxTree:
 
 def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
     """The simulator's view of `plan` on the analysis's schedule."""
-    graph, anatomy, order = analysis.graph, analysis.anatomy, analysis.order
+    graph, order = analysis.graph, analysis.order
     position = {name: i for i, name in enumerate(order)}
     events = []
     for decision in plan.decisions:
-        out_after = _last_forward_reader(graph, decision.tensor, anatomy, position)
+        out_after = _last_early_reader(graph, decision.tensor, decision.consumers, position)
         events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1],
                                 resident_bytes=decision.resident_bytes, restore_bytes=_restore_bytes(graph, decision),
                                 handle_bytes=decision.handle_bytes))
@@ -186,6 +190,48 @@ def _reads_contents_in_backward(graph: Graph, reader: str, anatomy: StepAnatomy)
 def _last_forward_reader(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, position: Mapping[str, int]) -> str:
     readers = [r for r in graph.consumers(ref) if not _reads_contents_in_backward(graph, r, anatomy)]
     return max(readers, key=position.__getitem__) if readers else ref.node
+
+
+def _last_early_reader(graph: Graph, ref: TensorRef, late_readers: Sequence[str], position: Mapping[str, int]) -> str:
+    """The last of `ref`'s readers that read the original, not the restored copy (its producer when none)."""
+    readers = [r for r in graph.consumers(ref) if r not in late_readers]
+    return max(readers, key=position.__getitem__) if readers else ref.node
+
+
+def _held_tensors(graph: Graph, anatomy: StepAnatomy, trace: MemoryTrace, position: Mapping[str, int]
+                  ) -> dict[TensorRef, tuple[str, ...]]:
+    """Backward tensors that wait on the device for a later reader, each with its readers after the widest
+    gap in the order between its producer and the readers of its contents (the readers it waits for), in
+    the order of their producers. A gradient waiting for a join is one: the concatenation a data-parallel
+    step's all-reduce packs every gradient into, `clip_by_global_norm`'s scaling after the norm of every
+    gradient, a loss-scale optimizer's update after the finite check of every gradient. A gap must hold a
+    node (a trigger for the restore). Of tensors sharing one buffer, only the one read last; graph outputs
+    (returned to the caller) and tensors in persistent buffers are not held."""
+    outputs = set(graph.outputs)
+    held: dict[TensorRef, tuple[str, ...]] = {}
+    last_read: dict[TensorRef, tuple[int, TensorRef]] = {}  # by buffer: the tensor read last, and when
+    for name in sorted(anatomy.backward, key=position.__getitem__):
+        node = graph.node(name)
+        if node.persistent:
+            continue
+        for index in range(len(node.outputs)):
+            ref = TensorRef(name, index)
+            readers = sorted({r for r in graph.consumers(ref) if graph.node(r).op not in SHAPE_OPS},
+                             key=position.__getitem__)
+            if not readers or ref in outputs:
+                continue
+            points = [position[name]] + [position[r] for r in readers]
+            gap, split = max((points[i + 1] - points[i], -i) for i in range(len(readers)))
+            if gap < 2:
+                continue
+            buffer = trace.buffer_of.get(ref, ref)
+            if graph.node(buffer.node).persistent:
+                continue
+            held[ref] = tuple(readers[-split:])
+            if buffer not in last_read or last_read[buffer][0] < points[-1]:
+                last_read[buffer] = (points[-1], ref)
+    kept = {ref for _, ref in last_read.values()}
+    return {ref: readers for ref, readers in held.items() if ref in kept}
 
 
 @without_gc
@@ -519,8 +565,9 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
         aliases.setdefault(owner, []).append(tensor)
     distance = timing.distance_to_loss_s
     ordered = sorted(anatomy.feature_maps, key=lambda r: (-distance.get(r.node, 0.0), position[r.node], r.index))
+    held = _held_tensors(graph, anatomy, trace, position)
     candidates, skipped = [], []
-    for ref in ordered:
+    for ref in ordered + list(held):
         size = graph.tensor(ref).size_bytes
         if ref in loop_swapped:
             skipped.append(SkippedCandidate(ref, size or 0, "a loop accumulator swapped element by element"))
@@ -528,23 +575,18 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
         if size is None or size < options.min_bytes:
             skipped.append(SkippedCandidate(ref, size or 0, f"smaller than {options.min_bytes} bytes"))
             continue
-        # forward-time aliases only: a backward op writing in place into this buffer would, after the
-        # rewrite, write into the restored copy instead
-        sharing = [a for a in aliases.get(trace.buffer_of.get(ref), ()) if a != ref and a.node not in anatomy.backward]
-        if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
-            skipped.append(SkippedCandidate(ref, size, "shares its buffer with another tensor read in backward"))
+        if ref in held:
+            found = _held_span(graph, ref, held[ref], aliases.get(trace.buffer_of.get(ref), ()), position)
+        else:
+            found = _feature_map_span(graph, ref, anatomy, aliases.get(trace.buffer_of.get(ref), ()), position)
+        if isinstance(found, str):
+            skipped.append(SkippedCandidate(ref, size, found))
             continue
-        consumers = tuple(sorted(
-            (r for r in set(graph.consumers(ref)) if _reads_contents_in_backward(graph, r, anatomy)), key=position.get
-        ))
-        if not consumers:
-            skipped.append(SkippedCandidate(ref, size, "no backward op reads its contents"))
-            continue
+        consumers, out_pos = found
         slack = timing.start_s[consumers[0]] - timing.completion_s[ref.node]
         if slack < options.min_slack_s:
             skipped.append(SkippedCandidate(ref, size, f"lives {1e3 * slack:.3f} ms, under min_slack_s"))
             continue
-        out_pos = max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
         kinds, reasons = [], []
         for kind in options.kinds:
             for late in _restore_timings(kind, machine):
@@ -560,6 +602,37 @@ def _candidates(analysis: StepAnalysis, trace: MemoryTrace, machine: MachineMode
         else:
             skipped.append(SkippedCandidate(ref, size, "; ".join(dict.fromkeys(reasons))))
     return candidates, skipped
+
+
+def _feature_map_span(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, aliases: Sequence[TensorRef],
+                      position: Mapping[str, int]) -> tuple[tuple[str, ...], int] | str:
+    """A feature map's backward readers of its contents (sorted by position) and the position after which
+    it may leave the device (its and its aliases' last forward reader); or why it cannot."""
+    # forward-time aliases only: a backward op writing in place into this buffer would, after the
+    # rewrite, write into the restored copy instead
+    sharing = [a for a in aliases if a != ref and a.node not in anatomy.backward]
+    if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
+        return "shares its buffer with another tensor read in backward"
+    consumers = tuple(sorted(
+        (r for r in set(graph.consumers(ref)) if _reads_contents_in_backward(graph, r, anatomy)), key=position.get
+    ))
+    if not consumers:
+        return "no backward op reads its contents"
+    return consumers, max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
+
+
+def _held_span(graph: Graph, ref: TensorRef, late_readers: tuple[str, ...], aliases: Sequence[TensorRef],
+               position: Mapping[str, int]) -> tuple[tuple[str, ...], int] | str:
+    """A held backward tensor's late readers and the position after which it may leave the device (its
+    other readers', and every reader of the tensors sharing its buffer before the late readers run: a late
+    reader writing in place would, after the rewrite, write into the restored copy); or why it cannot."""
+    first_late = position[late_readers[0]]
+    early = [r for r in graph.consumers(ref) if r not in late_readers]
+    early += [r for a in aliases if a != ref and position[a.node] < first_late for r in graph.consumers(a)]
+    out_pos = max([position[ref.node]] + [position[r] for r in early])
+    if out_pos >= first_late:
+        return "a tensor sharing its buffer is read until its late readers run"
+    return late_readers, out_pos
 
 
 def _restore_timings(kind: str, machine: MachineModel) -> tuple[bool, ...]:

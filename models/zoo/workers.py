@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import tempfile
+import traceback
 from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["FAMILY", "MODELS", "NMT_SHAPE", "STEPS", "run_model", "run_workers"]
@@ -320,7 +321,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         result = _worker(args.worker, [int(port) for port in args.ports.split(",")], args.model, args.batch,
                          args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding, args.keras_fit)
     except Exception as error:  # reported to the launcher, which shows every worker's outcome
-        result = {"error": type(error).__name__, "message": str(error)[:2000]}
+        where = traceback.format_exception(error)[-3:-1]  # the innermost frames, for an error that is a bug
+        result = {"error": type(error).__name__, "message": (str(error) + "\n" + "".join(where))[:2000]}
     with open(args.out + ".part", "w") as file:
         json.dump(result, file)
     os.replace(args.out + ".part", args.out)

@@ -174,6 +174,13 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         cut = position[event.in_before]
         return sum(1 for r in consumers(ref) if (position[r] >= cut) == late)
 
+    def read_buffer(ref: TensorRef, step: int) -> _Buffer | None:
+        """The buffer a node at `step` reads `ref` in: the restored copy once it is back."""
+        event = swap_by_tensor.get(ref)
+        if event is not None and step >= position[event.in_before]:
+            return copy_of[ref]
+        return buffer_of.get(ref)
+
     def release(buffer: _Buffer, step: int) -> None:
         buffer.pending -= 1
         if buffer.pending == 0 and not buffer.persistent:
@@ -229,7 +236,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
             else:
                 pending = len(consumers(ref)) + (ref in graph_outputs)
             source = None if node.folded else view_source(node, index)  # a folded node is a Const of its own
-            shared = buffer_of.get(source) if source is not None else None
+            shared = read_buffer(source, step) if source is not None else None
             if shared is None and not node.folded and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
                 shared = _forwardable_input(node, _overwritable(node, index), size, buffer_of, swap_by_tensor,
                                             graph_outputs)
@@ -282,11 +289,7 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
         for index, ref in enumerate(node.inputs):
             if index in carried:
                 continue
-            event = swap_by_tensor.get(ref)
-            if event is not None and step >= position[event.in_before]:
-                release(copy_of[ref], step)
-            else:
-                release(buffer_of[ref], step)
+            release(read_buffer(ref, step), step)
         for buffer in new_buffers:
             if buffer.pending == 0 and not buffer.persistent:
                 if buffer.size:

@@ -184,6 +184,18 @@ def test_swap_moves_a_tensor_off_the_device_between_out_and_in():
     assert swapped.peak_bytes == baseline.peak_bytes - 1000
 
 
+def test_a_view_a_backward_reader_makes_of_a_restored_tensor_lives_in_the_copy():
+    # t (1000 bytes) leaves after its producer and comes back for v, a view of it (Reshape), read by r
+    # later: v lives in the restored copy, freed once r has read it, never in the original again
+    g = graph(node("x", "Placeholder", outputs=(4,)), node("t", "Op", ["x"], outputs=(1000,)),
+              node("a", "Op", ["x"], outputs=(10,)), node("b", "Op", ["a"], outputs=(10,)),
+              node("v", "Reshape", ["t", "b"], outputs=(1000,)), node("r", "Op", ["v"], outputs=(4,)))
+    order = ("x", "t", "a", "b", "v", "r")
+    trace = simulate(g, order, [SwapEvent(TensorRef("t"), "t", "v")])
+    assert trace.devices[""].live_bytes == (0, 1000, 10, 20, 1010, 1004)
+    assert trace.buffer_of[TensorRef("v")] == TensorRef("t")
+
+
 def test_a_host_copys_handle_stays_on_the_device_from_its_producer_until_the_copy_is_back():
     # the emulated device's swap-out, right after f1's producer, leaves a 24-byte string in the arena; the
     # restore reads it and frees it before g1 runs
