@@ -8,7 +8,7 @@ determinism), training two calls of a `strategy.run` step, as written (B_base) o
 `seqmem.optimize` under `strategy.scope()` for that budget (B_opt). A batch fits when every worker
 trained both calls with finite losses; one that runs out of memory, or whose plan does not fit, does not
 (real out-of-memory errors, no prediction). The search doubles, then bisects to `--precision`
-(`seqmem.bench.batch_search.largest_batch`); B_opt's search starts at B_base. Prints B_base, B_opt and
+(`seqmem.bench.batch_search.largest_batch`); B_opt's search starts at B_base (or `--opt-start`). Prints B_base, B_opt and
 their ratio for each worker count, and writes them to `--out`/worker-batches.json.
 """
 
@@ -56,6 +56,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--budget-mb", type=int, default=512, help="each worker's emulated device, MiB")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     parser.add_argument("--max-batch", type=int, default=1024, help="largest batch per worker tried")
+    parser.add_argument("--opt-start", type=int, default=1,
+                        help="B_opt's search starts at the larger of B_base and this batch per worker (one known "
+                             "to train with seqmem saves the probes below it)")
     parser.add_argument("--precision", type=float, default=0.05, help="stop once each batch is known within this fraction")
     parser.add_argument("--timeout-s", type=int, default=1800, help="limit for one probe")
     parser.add_argument("--out", default="worker-batches", help="folder for worker-batches.json")
@@ -66,8 +69,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"--workers must be comma-separated worker counts, got {args.workers!r}")
     if not counts or min(counts) < 1:
         parser.error(f"--workers must be positive, got {args.workers!r}")
-    if args.budget_mb <= 0 or args.max_batch <= 0 or not 0 <= args.precision < 1:
-        parser.error("--budget-mb and --max-batch must be positive and --precision in [0, 1)")
+    if args.budget_mb <= 0 or args.max_batch <= 0 or args.opt_start <= 0 or not 0 <= args.precision < 1:
+        parser.error("--budget-mb, --max-batch and --opt-start must be positive and --precision in [0, 1)")
     from models.zoo import worker_batches  # children unpickle the probe by its module's name, not __main__
     from seqmem.bench.batch_search import largest_batch
 
@@ -75,7 +78,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for count in counts:
         found = {}
         for label, optimized in (("base", False), ("opt", True)):
-            start = max(found["base"].batch, 1) if optimized else 1
+            start = max(found["base"].batch, args.opt_start) if optimized else 1
             found[label] = largest_batch(worker_batches.trains_on_workers, args.model, args.budget_mb, optimized, count,
                                          budget_mb=args.budget_mb, limit=args.max_batch, start=min(start, args.max_batch),
                                          precision=args.precision, timeout_s=args.timeout_s,

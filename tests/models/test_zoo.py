@@ -74,7 +74,7 @@ def test_the_data_parallel_step_is_a_zoo_model(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--workers", "1,x"], ["--workers", "0"], ["--budget-mb", "0"], ["--precision", "1"],
-                                  ["--model", "vgg"]])
+                                  ["--model", "vgg"], ["--opt-start", "0"]])
 def test_the_worker_batch_search_refuses_bad_flags_before_anything_runs(argv, capsys, tmp_path):
     from models.zoo import worker_batches
 
