@@ -28,20 +28,15 @@ def test_a_looping_step_is_bit_identical_to_the_original():  # the NMT step: tes
     ("cnn", 64, dict(kinds=("compress",), compression="fp16"), optimize_jobs.FRACTIONS),
 ], ids=["swap", "recompute", "compress"])
 def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(name, batch, options, fractions):
-    # measured in a fresh arena (one stream, 2026-11-25, gradient barrier split): swap 68.0-72.2 MB in 20 of 20
-    # processes against 68.9 predicted, and 78.9-80.6 MB in one process of a CI run (the arena's history);
-    # 2026-11-23, before the split, 3 processes each: recompute 46.7-48.1 against 46.1,
-    # compress 71.6-75.1 against 70.9; the originals 81-90 MB. So the lower of up to two fresh processes
-    # is held to the prediction.
-    for _ in range(2):
-        run = run_with_budget(optimize_jobs.conservation_kinds, name, batch, options, fractions, budget_mb=4096)
-        assert run.ok, run.message
-        kinds, losses, original, same_variables, peaks, predicted, original_peaks, split = run.value
-        if min(peaks) < predicted * 1.1:
-            break
+    # One fresh process each. How close a pinned step's measured peak comes to its prediction is
+    # test_accuracy's (the median of fresh processes): one process's peak moves with the arena's history
+    # (swap: 68.0-72.2 MB in 20 processes, 78.9-80.6 MB in one of a CI run, against 68.9 predicted).
+    run = run_with_budget(optimize_jobs.conservation_kinds, name, batch, options, fractions, budget_mb=4096)
+    assert run.ok, run.message
+    kinds, losses, original, same_variables, peaks, predicted, original_peaks, split = run.value
     assert kinds == list(options.get("kinds", ["swap"]))
     assert split  # pinned, so Keras' gradient barrier is split: each update runs once its gradient exists
-    assert min(peaks) < min(original_peaks) and min(peaks) < predicted * 1.1
+    assert min(peaks) < min(original_peaks)
     if "compression" not in options:
         assert losses == original and same_variables
     else:
@@ -51,17 +46,12 @@ def test_each_kind_lowers_the_measured_peak_and_computes_what_the_original_did(n
 
 
 @pytest.mark.device
-def test_a_step_that_fits_as_it_is_is_pinned_on_one_stream_and_runs_as_predicted():
-    # cnn at batch 64, pinned, 2026-11-26: within 4% of the prediction (docs/results.md); as it is, the
-    # executor's order measured up to 40% over. The lower of up to two fresh processes is held to 10%.
-    for _ in range(2):
-        run = run_with_budget(optimize_jobs.fitting_step, "cnn", 64, budget_mb=4096)
-        assert run.ok, run.message
-        pinned_order, same_losses, same_variables, peaks, predicted = run.value
-        if min(peaks) < predicted * 1.1:
-            break
+def test_a_step_that_fits_as_it_is_is_pinned_on_one_stream_and_computes_what_the_original_did():
+    # its measured peak against the prediction: test_accuracy's cnn at batch 64, pinned
+    run = run_with_budget(optimize_jobs.fitting_step, "cnn", 64, budget_mb=4096)
+    assert run.ok, run.message
+    pinned_order, same_losses, same_variables, _, _ = run.value
     assert pinned_order and same_losses and same_variables
-    assert predicted * 0.9 < min(peaks) < predicted * 1.1
 
 
 @pytest.mark.device
