@@ -187,9 +187,11 @@ def _reads_contents_in_backward(graph: Graph, reader: str, anatomy: StepAnatomy)
     return reader in anatomy.backward and graph.node(reader).op not in SHAPE_OPS
 
 
-def _last_forward_reader(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, position: Mapping[str, int]) -> str:
-    readers = [r for r in graph.consumers(ref) if not _reads_contents_in_backward(graph, r, anatomy)]
-    return max(readers, key=position.__getitem__) if readers else ref.node
+def _backward_content_readers(graph: Graph, ref: TensorRef, anatomy: StepAnatomy,
+                              position: Mapping[str, int]) -> tuple[str, ...]:
+    """`ref`'s readers in backward that need its contents, once each, in the order they run."""
+    return tuple(sorted((r for r in set(graph.consumers(ref)) if _reads_contents_in_backward(graph, r, anatomy)),
+                        key=position.__getitem__))
 
 
 def _last_early_reader(graph: Graph, ref: TensorRef, late_readers: Sequence[str], position: Mapping[str, int]) -> str:
@@ -611,14 +613,13 @@ def _feature_map_span(graph: Graph, ref: TensorRef, anatomy: StepAnatomy, aliase
     # forward-time aliases only: a backward op writing in place into this buffer would, after the
     # rewrite, write into the restored copy instead
     sharing = [a for a in aliases if a != ref and a.node not in anatomy.backward]
-    if any(_reads_contents_in_backward(graph, r, anatomy) for a in sharing for r in graph.consumers(a)):
+    if any(_backward_content_readers(graph, a, anatomy, position) for a in sharing):
         return "shares its buffer with another tensor read in backward"
-    consumers = tuple(sorted(
-        (r for r in set(graph.consumers(ref)) if _reads_contents_in_backward(graph, r, anatomy)), key=position.get
-    ))
+    consumers = _backward_content_readers(graph, ref, anatomy, position)
     if not consumers:
         return "no backward op reads its contents"
-    return consumers, max(position[_last_forward_reader(graph, a, anatomy, position)] for a in [ref, *sharing])
+    return consumers, max(position[_last_early_reader(graph, a, consumers if a == ref else (), position)]
+                          for a in [ref, *sharing])
 
 
 def _held_span(graph: Graph, ref: TensorRef, late_readers: tuple[str, ...], aliases: Sequence[TensorRef],

@@ -8,8 +8,8 @@ determinism), training two calls of a `strategy.run` step, as written (B_base) o
 `seqmem.optimize` under `strategy.scope()` for that budget (B_opt). A batch fits when every worker
 trained both calls with finite losses; one that runs out of memory, or whose plan does not fit, does not
 (real out-of-memory errors, no prediction). The search doubles, then bisects to `--precision`
-(`seqmem.bench.batch_search.largest_batch`); B_opt's search starts at B_base (or `--opt-start`). Prints B_base, B_opt and
-their ratio for each worker count, and writes them to `--out`/worker-batches.json.
+(`seqmem.bench.batch_search.largest_batch`); B_opt's search starts at B_base (or `--opt-start`). Prints
+B_base, B_opt and their ratio for each worker count, and writes them to `--out`/worker-batches.json.
 """
 
 from __future__ import annotations
