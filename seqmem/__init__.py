@@ -5,7 +5,7 @@ the emulated device first; the names below load their modules on first use.
 
 The pipeline, one package or module a stage:
 capture (`seqmem.edge`) -> IR (`seqmem.ir`) -> analyze (`seqmem.anatomy`,
-`seqmem.critical_path`, `seqmem.sim`) -> plan (`seqmem.budget`, `seqmem.swap`)
+`seqmem.critical_path`, `seqmem.sim`) -> plan (`seqmem.plan`, `seqmem.swap`)
 -> rewrite (`seqmem.swap.rewrite`) -> run (`seqmem.runtime`).
 """
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from seqmem.analysis import StepAnalysis, as_planned
-from seqmem.budget import swap_events
+from seqmem.plan import swap_events
 from seqmem.critical_path import Timing
 from seqmem.files import save_figure
 from seqmem.sim.simulator import simulate

@@ -7,7 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.budget import _candidates, _cheapest_helpful, _HostRoom, _Option, plan_swaps, simulate_baseline
+from seqmem.plan import plan_swaps, simulate_baseline
+from seqmem.plan.candidates import Option, conservation_candidates
+from seqmem.plan.host_room import HostRoom
+from seqmem.plan.search import cheapest_helpful
 from seqmem.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
@@ -144,7 +147,7 @@ def test_only_float32_tensors_are_compressed():
     assert not plan.decisions
     trace = simulate_baseline(analysis, allocator="exact").trace
     position = {name: i for i, name in enumerate(analysis.order)}
-    _, skipped = _candidates(analysis, trace, MachineModel(), ConservationOptions(kinds=("compress",),
+    _, skipped = conservation_candidates(analysis, trace, MachineModel(), ConservationOptions(kinds=("compress",),
                                                                                   compression="float16"), position, set())
     assert skipped and all("only float32 tensors are compressed" in s.reason for s in skipped if s.size_bytes >= MB)
 
@@ -162,7 +165,7 @@ def test_options_limit_sizes_lifetimes_and_insertions():
     analysis = analyze_graph(g)
     trace = simulate_baseline(analysis, allocator="exact").trace
     position = {name: i for i, name in enumerate(analysis.order)}
-    candidates, skipped = _candidates(analysis, trace, MachineModel(), ConservationOptions(min_slack_s=1e6), position,
+    candidates, skipped = conservation_candidates(analysis, trace, MachineModel(), ConservationOptions(min_slack_s=1e6), position,
                                       set())
     assert not candidates and all("under min_slack_s" in s.reason for s in skipped if s.size_bytes >= MB)
     assert SwapPlan.from_json(one.to_json()) == one
@@ -229,17 +232,17 @@ def options_of_one_candidate(draw):
         size = 4 * MB
         decision = SwapDecision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind,
                                 cost_s=draw(st.floats(0, 1e-2)), compressed_dtype="float16" if "compress" in kind else None)
-        options.append(_Option(decision, in_pos=draw(st.integers(1, 20)), restore_bytes=0))
+        options.append(Option(decision, in_pos=draw(st.integers(1, 20)), restore_bytes=0))
     return options, draw(st.integers(0, 19)), draw(st.integers(0, 5 * MB))
 
 
 @settings(max_examples=200, deadline=None)
 @given(options_of_one_candidate())
 def test_the_chosen_kind_is_never_worse_in_both_peak_and_time_than_one_considered(case):
-    from seqmem.budget import _Candidate
+    from seqmem.plan.candidates import Candidate
 
     options, peak, needed = case
-    chosen = _cheapest_helpful(_Candidate(TensorRef("t"), 0, tuple(options)), peak, needed, {}, _HostRoom(math.inf))
+    chosen = cheapest_helpful(Candidate(TensorRef("t"), 0, tuple(options)), peak, needed, {}, HostRoom(math.inf))
     helpful = [o for o in options if peak < o.in_pos]
     if not helpful:
         assert chosen is None

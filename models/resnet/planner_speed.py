@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch must be positive and --budget-fraction in (0, 1]")
 
     from models.resnet.benchmark import training_step
-    from seqmem.budget import plan_swaps
+    from seqmem.plan import plan_swaps
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.runtime.step_analysis import analyze_function
     from seqmem.sim.simulator import simulate

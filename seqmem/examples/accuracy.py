@@ -60,7 +60,7 @@ class AccuracyRow:
 def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[int, int]]]:
     """Child-process side: (order, predicted, median measured, (min, max) measured) bytes, as it is and,
     where the step can be pinned, pinned with its loops bounded to one iteration."""
-    from seqmem.budget import plan_swaps, simulate_baseline
+    from seqmem.plan import plan_swaps, simulate_baseline
     from seqmem.edge import loops
     from seqmem.edge.capture import concrete_function, to_graph_def
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend

@@ -1,6 +1,6 @@
 """`seqmem.optimize`: make a training step fit a memory budget by conserving feature maps.
 
-Three parts: plan (`seqmem.budget.plan_swaps`, pure, for a target below the
+Three parts: plan (`seqmem.plan.plan_swaps`, pure, for a target below the
 budget), build the runnable step (`seqmem.runtime.optimized_step`), and on a
 measuring device calibrate: run the step, and plan again for less when its
 measured peak exceeds the budget.
@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis, without_barriers
-from seqmem.budget import Baseline, plan_swaps, refined_pinned_order, simulate_baseline
+from seqmem.plan import Baseline, plan_swaps, refined_pinned_order, simulate_baseline
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
@@ -341,7 +341,7 @@ class _Planner:
 
     def _refine(self, order: str, lowest: Optional[SwapPlan]) -> Optional[str]:
         """Once per planner, where copies cannot overlap computation: add the pinned `order` refined around
-        the peak of its most-conserving plan `lowest` (`budget.refined_pinned_order`), refined again while
+        the peak of its most-conserving plan `lowest` (`plan.refined_pinned_order`), refined again while
         that lowers the most-conserving plan's peak. Returns the new order's name, or None."""
         analysis, pinned = self._orders[order]
         if (self._refined or self._options["machine"].copies_overlap or not pinned or lowest is None

@@ -121,7 +121,7 @@ def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():
     import dataclasses
 
     from seqmem.analysis import analyze_graph, as_planned
-    from seqmem.budget import plan_swaps
+    from seqmem.plan import plan_swaps
     from seqmem.ir.graph import TensorInfo
 
     g = graph(

@@ -5,10 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.budget import plan_swaps, refined_pinned_order
+from seqmem.plan import plan_swaps, refined_pinned_order
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.errors import InfeasibleBudgetError
-from seqmem.ir.graph import Node, TensorInfo, TensorRef
+from seqmem.ir.graph import TensorInfo, TensorRef
 from seqmem.swap.plan import ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import rewrite
 from tests.builders import IdentityBackend, graph, loop_lists_training_graph, loop_training_graph, node
