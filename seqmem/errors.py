@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    from seqmem.swap.plan import SwapPlan
+from typing import Optional
 
 __all__ = [
     "ArenaFragmentationError",
@@ -45,17 +42,15 @@ class InfeasibleBudgetError(SeqmemError, ValueError):
 
     smallest_peak_bytes: the lowest peak any plan reaches, predicted by the
     simulator; measured_peak_bytes: the lowest peak measured on the device,
-    when calibration measured one (None otherwise); smallest_plan: the
-    `SwapPlan` that reaches smallest_peak_bytes (its target), when the planner
-    made one.
+    when calibration measured one (None otherwise). The planner itself returns
+    values (`seqmem.plan.PlanResult`); this is raised at `optimize`'s boundary.
     """
 
     def __init__(self, message: str, smallest_peak_bytes: Optional[int] = None,
-                 measured_peak_bytes: Optional[int] = None, smallest_plan: Optional[SwapPlan] = None) -> None:
+                 measured_peak_bytes: Optional[int] = None) -> None:
         super().__init__(message)
         self.smallest_peak_bytes = smallest_peak_bytes
         self.measured_peak_bytes = measured_peak_bytes
-        self.smallest_plan = smallest_plan
 
 
 class ArenaFragmentationError(InfeasibleBudgetError):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.plan import plan_swaps, simulate_baseline
+from seqmem.plan import choose_conservations, simulate_baseline
 from seqmem.plan.candidates import Option, conservation_candidates
 from seqmem.plan.host_room import HostRoom
 from seqmem.plan.search import cheapest_helpful
@@ -21,6 +21,11 @@ from tests.builders import IdentityBackend, graph, node, tensor
 MB = 1 << 20
 LOSSLESS = ConservationOptions(kinds=("swap", "recompute"))
 EVERY_KIND = ConservationOptions(kinds=KINDS, compression="float16")
+
+
+def _fitting(*arguments, **options) -> SwapPlan:
+    """The plan `choose_conservations` finds; InfeasibleBudgetError where none fits."""
+    return choose_conservations(*arguments, **options).fitting_plan()
 
 
 def relu_net(layers=4, size=MB, dtype="float32"):
@@ -48,7 +53,7 @@ def relu_net(layers=4, size=MB, dtype="float32"):
 def _plan(g, fraction, options, **kwargs):
     analysis = analyze_graph(g, **kwargs)
     peak = simulate_baseline(analysis, allocator="exact").trace.peak_bytes
-    return analysis, plan_swaps(analysis, int(peak * fraction), allocator="exact", options=options)
+    return analysis, _fitting(analysis, int(peak * fraction), allocator="exact", options=options)
 
 
 def test_recompute_reruns_a_cheap_op_from_a_tensor_the_device_keeps_anyway():
@@ -75,23 +80,23 @@ def test_lossless_kinds_swap_what_hides_its_transfer_and_recompute_what_cannot()
     slow_host = MachineModel(host_bytes_per_s=1e6)
     analysis = analyze_graph(g, machine=slow_host)
     budget = int(0.8 * hidden.predicted_peak_before_bytes)
-    plan = plan_swaps(analysis, budget, allocator="exact", machine=slow_host, options=LOSSLESS)
+    plan = _fitting(analysis, budget, allocator="exact", machine=slow_host, options=LOSSLESS)
     assert {d.kind for d in plan.decisions} == {"recompute"}
     with pytest.raises(InfeasibleBudgetError):
-        plan_swaps(analysis, budget, allocator="exact", machine=slow_host, options=ConservationOptions(kinds=("swap",)))
+        _fitting(analysis, budget, allocator="exact", machine=slow_host, options=ConservationOptions(kinds=("swap",)))
 
 
 def test_where_copies_take_the_computes_own_time_swaps_cost_their_transfer_and_restore_just_in_time():
     g = relu_net(layers=6)
     analysis = analyze_graph(g)
     budget = int(0.7 * simulate_baseline(analysis, allocator="exact").trace.peak_bytes)
-    overlapping = plan_swaps(analysis, budget, allocator="exact", options=EVERY_KIND)
+    overlapping = _fitting(analysis, budget, allocator="exact", options=EVERY_KIND)
     serial_machine = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
-    serial = plan_swaps(analysis, budget, allocator="exact", machine=serial_machine, options=EVERY_KIND)
+    serial = _fitting(analysis, budget, allocator="exact", machine=serial_machine, options=EVERY_KIND)
     assert overlapping.feasible and serial.feasible
     assert {d.kind for d in overlapping.decisions} == {"swap"}  # hidden behind computation: free
     assert "swap" not in {d.kind for d in serial.decisions}  # costs its whole transfer: compressing is cheaper
-    swapped = plan_swaps(analysis, budget, allocator="exact", machine=serial_machine, options=LOSSLESS)
+    swapped = _fitting(analysis, budget, allocator="exact", machine=serial_machine, options=LOSSLESS)
     swaps = [d for d in swapped.decisions if d.kind == "swap"]
     assert swaps and all(d.cost_s == pytest.approx(2 * d.transfer_s) for d in swaps)
     # just in time: the swap-in starts after the last backward node that completes before its first reader
@@ -108,7 +113,7 @@ def test_compress_keeps_half_on_the_device_and_casts_after_the_forward_readers()
     analysis, compressed = _plan(g, 0.85, ConservationOptions(kinds=("compress",), compression="fp16"))
     assert compressed.decisions and all(d.kind == "compress" and d.precision == "float16" for d in compressed.decisions)
     assert all(d.saved_bytes == MB // 2 and d.resident_bytes == MB // 2 for d in compressed.decisions)
-    swapped = plan_swaps(analysis, compressed.budget_bytes, allocator="exact",
+    swapped = _fitting(analysis, compressed.budget_bytes, allocator="exact",
                          options=ConservationOptions(kinds=("swap",), max_decisions=len(compressed.decisions)))
     assert swapped.predicted_peak_after_bytes < compressed.predicted_peak_after_bytes  # half of each stays
     new = rewrite(g, compressed, IdentityBackend())
@@ -143,7 +148,7 @@ def test_only_float32_tensors_are_compressed():
     with pytest.raises(InfeasibleBudgetError):
         _plan(g, 0.8, ConservationOptions(kinds=("compress",), compression="float16"))
     analysis = analyze_graph(g)
-    plan = plan_swaps(analysis, 1 << 40, allocator="exact")
+    plan = _fitting(analysis, 1 << 40, allocator="exact")
     assert not plan.decisions
     trace = simulate_baseline(analysis, allocator="exact").trace
     position = {name: i for i, name in enumerate(analysis.order)}
@@ -186,9 +191,11 @@ def test_swaps_hold_no_more_host_memory_than_allowed():
 
 def _smallest_peak(g, options):
     """The lowest peak any plan with `options` reaches (exact allocator), bytes."""
-    with pytest.raises(InfeasibleBudgetError) as raised:
-        _plan(g, 0.01, options)
-    return raised.value.smallest_peak_bytes
+    analysis = analyze_graph(g)
+    result = choose_conservations(analysis, int(0.01 * simulate_baseline(analysis, allocator="exact").trace.peak_bytes),
+                                  allocator="exact", options=options)
+    assert not result.fits
+    return result.smallest_peak_bytes
 
 
 def test_where_host_memory_bounds_the_swaps_each_further_kind_lowers_the_peak():
@@ -270,12 +277,12 @@ def test_random_plans_with_every_kind_fit_stay_acyclic_and_are_deterministic(cas
     analysis = analyze_graph(g, op_time_s=costs, machine=machine)
     peak = simulate_baseline(analysis, allocator="exact").trace.peak_bytes
     arguments = dict(budget_bytes=int(peak * fraction), allocator="exact", machine=machine, options=EVERY_KIND)
-    try:
-        plan = plan_swaps(analysis, **arguments)
-    except InfeasibleBudgetError as error:
-        assert int(peak * fraction) < error.smallest_peak_bytes <= peak
+    result = choose_conservations(analysis, **arguments)
+    if not result.fits:
+        assert int(peak * fraction) < result.smallest_peak_bytes <= peak
         return
-    assert plan == plan_swaps(analysis, **arguments)
+    plan = result.plan
+    assert plan == _fitting(analysis, **arguments)
     assert plan.predicted_peak_after_bytes <= plan.budget_bytes
     assert plan.predicted_overhead_s == pytest.approx(sum(d.cost_s for d in plan.decisions))
     rewrite(g, plan, IdentityBackend()).validate()

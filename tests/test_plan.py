@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqmem.analysis import analyze_graph
-from seqmem.plan import plan_swaps, refined_pinned_order
+from seqmem.plan import choose_conservations, refined_pinned_order
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
@@ -32,13 +32,18 @@ def mlp_like(layers=4, size=MB):
     return graph(*nodes)
 
 
+def _fitting(*arguments, **options) -> SwapPlan:
+    """The plan `choose_conservations` finds; InfeasibleBudgetError where none fits."""
+    return choose_conservations(*arguments, **options).fitting_plan()
+
+
 def _analysis(g):
     return analyze_graph(g)
 
 
 def test_already_fitting_step_is_left_alone():
     g = mlp_like()
-    plan = plan_swaps(_analysis(g), budget_bytes=100 * MB, allocator="exact")
+    plan = _fitting(_analysis(g), budget_bytes=100 * MB, allocator="exact")
     assert not plan.decisions and plan.feasible and "already fits" in plan.notes[0]
     assert rewrite(g, plan, IdentityBackend()) is g
 
@@ -46,8 +51,8 @@ def test_already_fitting_step_is_left_alone():
 def test_swaps_longest_lived_first_and_fits_budget():
     g = mlp_like(layers=6)
     analysis = _analysis(g)
-    before = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact")
-    plan = plan_swaps(analysis, budget_bytes=before.predicted_peak_before_bytes - 2 * MB,
+    before = _fitting(analysis, budget_bytes=100 * MB, allocator="exact")
+    plan = _fitting(analysis, budget_bytes=before.predicted_peak_before_bytes - 2 * MB,
                       allocator="exact")
     assert plan.feasible and plan.predicted_peak_after_bytes <= plan.budget_bytes
     assert plan.decisions[0].tensor == TensorRef("f1")     # farthest from the loss
@@ -58,7 +63,7 @@ def test_swaps_longest_lived_first_and_fits_budget():
 def test_rewrite_reroutes_backward_readers_only_and_stays_acyclic():
     g = mlp_like(layers=6)
     analysis = _analysis(g)
-    plan = plan_swaps(analysis, budget_bytes=5 * MB, allocator="exact")
+    plan = _fitting(analysis, budget_bytes=5 * MB, allocator="exact")
     new = rewrite(g, plan, IdentityBackend())
     new.validate()
     for decision in plan.decisions:
@@ -93,13 +98,13 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
     # as it is, 9 MB when g1 runs: six weight gradients waiting, g2, g1 and f1; the join's own inputs are 7 MB
     g = _gradients_joined(layers=6)
     analysis = _analysis(g)
-    with pytest.raises(InfeasibleBudgetError, match=r"smallest achievable peak is 7\.0 MB \(Op 'join'\)") as error:
-        plan_swaps(analysis, budget_bytes=1, allocator="exact")
-    plan = error.value.smallest_plan
+    result = choose_conservations(analysis, budget_bytes=1, allocator="exact")
+    assert not result.fits and result.reason.startswith("smallest achievable peak is 7.0 MB (Op 'join')")
+    plan = result.plan
     held = [d for d in plan.decisions if d.tensor.node.startswith("gradient_tape/dw")]
     assert held and all(d.consumers == ("join",) for d in held)
     # the feature maps are tried first
-    fitting = plan_swaps(analysis, budget_bytes=8 * MB + 1024, allocator="exact")
+    fitting = _fitting(analysis, budget_bytes=8 * MB + 1024, allocator="exact")
     assert fitting.feasible and fitting.decisions[0].tensor == TensorRef("f1")
     rewritten = rewrite(g, plan, IdentityBackend())
     rewritten.topological_order()  # acyclic
@@ -109,20 +114,23 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
     expected = r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"
-    with pytest.raises(InfeasibleBudgetError, match=expected) as error:
-        plan_swaps(_analysis(g), budget_bytes=MB // 2, allocator="exact", pinned=True)
-    lowest = error.value.smallest_plan
+    result = choose_conservations(_analysis(g), budget_bytes=MB // 2, allocator="exact", pinned=True)
+    assert not result.fits and not result.fragmented
+    lowest = result.plan
     assert lowest.decisions and lowest.pinned_order
-    assert lowest.predicted_peak_after_bytes == lowest.target_bytes == error.value.smallest_peak_bytes
+    assert lowest.predicted_peak_after_bytes == lowest.target_bytes == result.smallest_peak_bytes
+    with pytest.raises(InfeasibleBudgetError, match=expected) as error:  # at the boundary
+        result.fitting_plan()
+    assert error.value.smallest_peak_bytes == result.smallest_peak_bytes
     rewrite(g, lowest, IdentityBackend()).validate()
 
 
 def test_swaps_on_the_emulated_device_keep_their_handles_on_it():
     g = mlp_like(layers=6)
     analysis = _analysis(g)
-    budget = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact").predicted_peak_before_bytes - 2 * MB
-    on_gpu = plan_swaps(analysis, budget_bytes=budget, allocator="exact")
-    emulated = plan_swaps(analysis, budget_bytes=budget, allocator="exact", machine=EMULATED_DEVICE)
+    budget = _fitting(analysis, budget_bytes=100 * MB, allocator="exact").predicted_peak_before_bytes - 2 * MB
+    on_gpu = _fitting(analysis, budget_bytes=budget, allocator="exact")
+    emulated = _fitting(analysis, budget_bytes=budget, allocator="exact", machine=EMULATED_DEVICE)
     assert {d.handle_bytes for d in on_gpu.decisions} == {0}
     assert {d.handle_bytes for d in emulated.decisions} == {EMULATED_DEVICE.host_handle_bytes} != {0}
     assert SwapPlan.from_json(emulated.to_json()) == emulated
@@ -130,7 +138,7 @@ def test_swaps_on_the_emulated_device_keep_their_handles_on_it():
 
 def test_plan_json_round_trip():
     g = mlp_like(layers=6)
-    plan = plan_swaps(_analysis(g), budget_bytes=5 * MB, allocator="exact", pinned=True)
+    plan = _fitting(_analysis(g), budget_bytes=5 * MB, allocator="exact", pinned=True)
     assert plan.pinned_order and SwapPlan.from_json(plan.to_json()) == plan
     assert "tensors conserved" in plan.summary()
 
@@ -138,10 +146,10 @@ def test_plan_json_round_trip():
 def test_a_pinned_plan_is_made_on_the_pinned_order_and_its_rewrite_stays_acyclic():
     g = mlp_like(layers=6)
     analysis = _analysis(g)
-    plan = plan_swaps(analysis, budget_bytes=5 * MB, allocator="exact", pinned=True)
+    plan = _fitting(analysis, budget_bytes=5 * MB, allocator="exact", pinned=True)
     assert plan.decisions and plan.pinned_order == analysis.pinned_order
     rewrite(g, plan, IdentityBackend()).validate()
-    fits = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact", pinned=True)
+    fits = _fitting(analysis, budget_bytes=100 * MB, allocator="exact", pinned=True)
     assert not fits.decisions and fits.pinned_order and "fits once pinned" in fits.notes[0]
 
 
@@ -149,7 +157,7 @@ def test_a_step_can_be_pinned_to_its_own_order():
     analysis = _analysis(mlp_like(layers=6))
     own = analysis.pinning_its_own_order()
     assert own.pinned_order == analysis.order and own.order == analysis.order
-    plan = plan_swaps(own, budget_bytes=5 * MB, allocator="exact", pinned=True)
+    plan = _fitting(own, budget_bytes=5 * MB, allocator="exact", pinned=True)
     assert plan.decisions and plan.pinned_order == analysis.order
 
 
@@ -176,14 +184,14 @@ def training_chains(draw):
 def test_random_plans_are_acyclic_deterministic_and_honest(case):
     g, fraction = case
     analysis = _analysis(g)
-    peak = plan_swaps(analysis, budget_bytes=1 << 40, allocator="exact").predicted_peak_before_bytes
+    peak = _fitting(analysis, budget_bytes=1 << 40, allocator="exact").predicted_peak_before_bytes
     budget = int(peak * fraction)
-    try:
-        plan = plan_swaps(analysis, budget_bytes=budget, allocator="exact")
-    except InfeasibleBudgetError as error:
-        assert budget < error.smallest_peak_bytes <= peak  # the lowest peak tried: never above no swaps at all
+    result = choose_conservations(analysis, budget_bytes=budget, allocator="exact")
+    if not result.fits:
+        assert budget < result.smallest_peak_bytes <= peak  # the lowest peak tried: never above no swaps at all
         return
-    assert plan == plan_swaps(analysis, budget_bytes=budget, allocator="exact")
+    plan = result.plan
+    assert plan == _fitting(analysis, budget_bytes=budget, allocator="exact")
     assert plan.predicted_peak_after_bytes <= budget
     new = rewrite(g, plan, IdentityBackend())
     new.validate()
@@ -201,7 +209,7 @@ def _loop_analysis(**sizes):
 
 def test_a_loop_that_saves_too_much_swaps_its_accumulator_element_by_element():
     analysis, swap = _loop_analysis(iterations=10, element_bytes=MB)
-    plan = plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1)
+    plan = _fitting(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1)
     assert plan.predicted_peak_before_bytes > 10 * MB and plan.feasible
     assert plan.loop_swaps == (swap,) and plan.loop_parallel_iterations == 1
     assert plan.loop_swapped_bytes == 10 * MB and plan.predicted_overhead_s > 0
@@ -210,22 +218,22 @@ def test_a_loop_that_saves_too_much_swaps_its_accumulator_element_by_element():
     assert SwapPlan.from_json(plan.to_json()) == plan
     assert plan.host_bytes == 10 * MB
     with pytest.raises(InfeasibleBudgetError, match="swaps limited to 9.0 MB of host memory"):  # the list goes whole
-        plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1,
+        _fitting(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1,
                    options=ConservationOptions(max_host_bytes=9 * MB))
 
 
 def test_loop_swaps_only_when_asked_for_and_needed():
     analysis, _ = _loop_analysis(iterations=10, element_bytes=MB)
-    fits = plan_swaps(analysis, budget_bytes=100 * MB, allocator="exact", loop_swap_depth=1)
+    fits = _fitting(analysis, budget_bytes=100 * MB, allocator="exact", loop_swap_depth=1)
     assert not fits.loop_swaps and fits.loop_parallel_iterations is None
     with pytest.raises(InfeasibleBudgetError):  # the list can only go whole, and the gradient loop needs it whole
-        plan_swaps(analysis, budget_bytes=6 * MB, allocator="exact")
+        _fitting(analysis, budget_bytes=6 * MB, allocator="exact")
 
 
 def test_a_deeper_prefetch_keeps_more_elements_on_the_device():
     analysis, _ = _loop_analysis(iterations=10, element_bytes=MB)
-    shallow = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=1)
-    deep = plan_swaps(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=4)
+    shallow = _fitting(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=1)
+    deep = _fitting(analysis, budget_bytes=9 * MB, allocator="exact", loop_swap_depth=4)
     assert deep.predicted_peak_after_bytes == shallow.predicted_peak_after_bytes + 3 * MB
 
 
@@ -234,9 +242,9 @@ def test_the_loop_that_makes_the_step_fit_swaps_the_fewest_bytes_that_fit_and_li
     g, (first, second, third, last) = loop_lists_training_graph(10, (4 * MB, 2 * MB, MB, MB),
                                                                 buffers=("h", None, None, "h"))
     analysis = analyze_graph(g, loop_swaps=[first, second, third, last])
-    before = plan_swaps(analysis, budget_bytes=1000 * MB, allocator="exact", loop_swap_depth=1)
+    before = _fitting(analysis, budget_bytes=1000 * MB, allocator="exact", loop_swap_depth=1)
     assert before.predicted_peak_before_bytes > 80 * MB and not before.loop_swaps
-    plans = {budget: plan_swaps(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
+    plans = {budget: _fitting(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
              for budget in (80, 70, 50, 20)}
     # smallest first: 10 MB, then 30 MB, where the largest group alone would swap 50 MB
     assert plans[80].loop_swaps == (third,) and plans[80].loop_swapped_bytes == 10 * MB
@@ -260,7 +268,7 @@ def test_a_list_of_another_lists_buffers_goes_with_it_and_a_list_of_none_of_its_
     g = g.replace(nodes=[dataclasses.replace(node, outputs=unsized) if node is loop else node
                          for node in g.nodes.values()])
     analysis = analyze_graph(g, loop_swaps=[first, second, sharer, other])
-    plans = {budget: plan_swaps(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
+    plans = {budget: _fitting(analysis, budget_bytes=budget * MB, allocator="exact", loop_swap_depth=1)
              for budget in (50, 40, 30)}
     assert plans[50].loop_swaps == (second,)
     assert plans[40].loop_swaps == (first, sharer)
@@ -290,19 +298,19 @@ def test_a_target_the_search_ends_above_gets_the_most_conserving_plan_when_that_
     machine = MachineModel(host_bytes_per_s=1e9, copies_overlap=True)
     analysis = analyze_graph(_chain([1.2, 5.2, 6.0]), machine=machine)
     target = int(23.6 * MB)
-    with pytest.raises(InfeasibleBudgetError) as error:
-        plan_swaps(analysis, budget_bytes=1, machine=machine)
-    lowest = error.value.smallest_peak_bytes
+    result = choose_conservations(analysis, budget_bytes=1, machine=machine)
+    assert not result.fits
+    lowest = result.smallest_peak_bytes
     assert lowest <= 22.1 * MB
-    plan = plan_swaps(analysis, budget_bytes=target, machine=machine)
+    plan = _fitting(analysis, budget_bytes=target, machine=machine)
     assert plan.predicted_peak_after_bytes == lowest and plan.target_bytes == target and plan.feasible
     assert any("most-conserving" in note for note in plan.notes)
 
 
 def _lowest_peak(analysis, machine):
-    with pytest.raises(InfeasibleBudgetError) as error:
-        plan_swaps(analysis, budget_bytes=1, allocator="exact", machine=machine)
-    return error.value.smallest_peak_bytes
+    result = choose_conservations(analysis, budget_bytes=1, allocator="exact", machine=machine)
+    assert not result.fits
+    return result.smallest_peak_bytes
 
 
 def test_copies_that_overlap_restore_late_where_early_restores_would_set_the_peak():
@@ -319,9 +327,9 @@ def test_copies_that_overlap_restore_late_where_early_restores_would_set_the_pea
     def late(decision):
         return position[decision.trigger] == position[decision.consumers[0]] - 1
 
-    tight = plan_swaps(analysis, budget_bytes=lowest, allocator="exact", machine=overlapping)
+    tight = _fitting(analysis, budget_bytes=lowest, allocator="exact", machine=overlapping)
     assert tight.feasible and tight.decisions and all(late(d) and d.cost_s > 0 for d in tight.decisions)
-    looser = plan_swaps(analysis, budget_bytes=lowest + 2 * MB, allocator="exact", machine=overlapping)
+    looser = _fitting(analysis, budget_bytes=lowest + 2 * MB, allocator="exact", machine=overlapping)
     assert any(late(d) for d in looser.decisions)
     assert all(d.cost_s == 0 for d in looser.decisions if not late(d))  # restores that hide their copy cost nothing
     assert any(d.cost_s == 0 for d in looser.decisions)
@@ -352,9 +360,9 @@ _SERIAL = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
 
 
 def _most_conserving(analysis):
-    with pytest.raises(InfeasibleBudgetError) as error:
-        plan_swaps(analysis, budget_bytes=1, allocator="exact", machine=_SERIAL, pinned=True)
-    return error.value.smallest_plan
+    result = choose_conservations(analysis, budget_bytes=1, allocator="exact", machine=_SERIAL, pinned=True)
+    assert not result.fits
+    return result.plan
 
 
 def test_the_most_conserving_plan_restores_right_before_the_reader_in_the_pinned_order():
@@ -398,4 +406,4 @@ def test_a_refined_order_finishes_one_branch_before_the_other_and_peaks_lower():
 def test_only_a_pinned_plan_without_loop_swaps_has_its_order_refined():
     analysis = analyze_graph(_two_branches(), machine=_SERIAL)
     with pytest.raises(ValueError, match="pinned plan"):
-        refined_pinned_order(analysis, plan_swaps(analysis, budget_bytes=12 * MB, allocator="exact", machine=_SERIAL))
+        refined_pinned_order(analysis, _fitting(analysis, budget_bytes=12 * MB, allocator="exact", machine=_SERIAL))

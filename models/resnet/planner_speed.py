@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch must be positive and --budget-fraction in (0, 1]")
 
     from models.resnet.benchmark import training_step
-    from seqmem.plan import plan_swaps
+    from seqmem.plan import choose_conservations
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.runtime.step_analysis import analyze_function
     from seqmem.sim.simulator import simulate
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", scratch_bytes=analysis.scratch_bytes)
     budget = int(args.budget_fraction * baseline.peak_bytes)
     started = time.perf_counter()
-    plan = plan_swaps(analysis, budget)
+    plan = choose_conservations(analysis, budget).fitting_plan()
     plan_s = time.perf_counter() - started
     started = time.perf_counter()
     rewrite(analysis.graph, plan, EmulatedDeviceBackend())

@@ -60,7 +60,7 @@ class AccuracyRow:
 def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[int, int]]]:
     """Child-process side: (order, predicted, median measured, (min, max) measured) bytes, as it is and,
     where the step can be pinned, pinned with its loops bounded to one iteration."""
-    from seqmem.plan import plan_swaps, simulate_baseline
+    from seqmem.plan import choose_conservations, simulate_baseline
     from seqmem.edge import loops
     from seqmem.edge.capture import concrete_function, to_graph_def
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
@@ -75,7 +75,7 @@ def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[i
     analysis = analyze_function(function, measure_scratch=True)
     steps = {}
     if analysis.pinned_order:  # measured first, in the arena as the analysis left it, as `optimize` runs it
-        plan = plan_swaps(analysis, 1 << 50, pinned=True)  # no swaps: the order alone
+        plan = choose_conservations(analysis, 1 << 50, pinned=True).fitting_plan()  # no swaps: the order alone
         if loops.loops_above(to_graph_def(analysis.graph), 1):  # the simulator runs one iteration at a time
             plan = dataclasses.replace(plan, loop_parallel_iterations=1)
         steps["pinned"] = (analysis.pinned(), build_step(analysis, plan, EmulatedDeviceBackend(), function, example.step))

@@ -42,7 +42,7 @@ def simulate_events(analysis: StepAnalysis, events, allocator: str, arena_bytes:
 
 
 def simulate_baseline(analysis: StepAnalysis, *, allocator: str = "bfc", arena_bytes: Optional[int] = None) -> Baseline:
-    """Simulate the unoptimized step once, for any number of `plan_swaps` calls."""
+    """Simulate the unoptimized step once, for any number of `choose_conservations` calls."""
     return Baseline(*simulate_events(analysis, (), allocator, arena_bytes))
 
 

@@ -41,14 +41,43 @@ from seqmem.plan.segment_tree import MaxTree
 from seqmem.swap.plan import ConservationOptions, LoopSwap, SkippedCandidate, SwapPlan
 from seqmem.units import MIB
 
-__all__ = ["cheapest_helpful", "plan_swaps"]
+__all__ = ["PlanResult", "cheapest_helpful", "choose_conservations"]
 
 _MAX_ROUNDS = 64
 _FLOOR_TARGET_BYTES = 1  # a target no plan reaches: the search conserves every candidate by the kind that frees most
 
 
+@dataclass(frozen=True)
+class PlanResult:
+    """What planning for a target found.
+
+    plan: the plan that fits the target (`fits`); where none does, the lowest-peak plan the search made
+    (None where the allocator model placed none in the arena: `fragmented`). smallest_peak_bytes: that
+    plan's predicted peak (where fragmented, the peak of the plan whose bytes fit but whose buffers the
+    model could not place). reason: why no plan fits, with what to do ("" when one does).
+    """
+
+    plan: Optional[SwapPlan]
+    fits: bool
+    smallest_peak_bytes: int
+    fragmented: bool = False
+    reason: str = ""
+
+    def fitting_plan(self) -> SwapPlan:
+        """The plan, where it fits. Raises `error()` where none does."""
+        if not self.fits:
+            raise self.error()
+        return self.plan
+
+    def error(self) -> InfeasibleBudgetError:
+        """What to raise where no plan fits: InfeasibleBudgetError with the reason and the smallest peak
+        (ArenaFragmentationError where only the allocator model's fragmentation stood in the way)."""
+        error = ArenaFragmentationError if self.fragmented else InfeasibleBudgetError
+        return error(self.reason, smallest_peak_bytes=self.smallest_peak_bytes)
+
+
 @without_gc
-def plan_swaps(
+def choose_conservations(
     analysis: StepAnalysis,
     budget_bytes: int,
     *,
@@ -60,9 +89,9 @@ def plan_swaps(
     arena_bytes: Optional[int] = None,
     pinned: bool = False,
     loop_swap_depth: Optional[int] = None,
-) -> SwapPlan:
-    """Choose feature maps to conserve (swap, recompute, compress: `options`) so that the predicted peak
-    fits `target_bytes`.
+) -> PlanResult:
+    """Choose the tensors to conserve (swap, recompute, compress: `options`), and how, so that the step's
+    predicted peak fits `target_bytes`.
 
     budget_bytes: the caller's budget, recorded in the plan (a plan is
     `feasible` when its predicted peak fits it). target_bytes: the peak to plan
@@ -74,17 +103,14 @@ def plan_swaps(
     arena_bytes: the device arena's size, when known (the emulated device's
     limit): a plan whose buffers the allocator model cannot place in it, for
     fragmentation, does not fit either.
-    Returns a plan without decisions when the step already fits. Raises
-    ValueError for a target that is not positive;
-    InfeasibleBudgetError, naming the smallest achievable peak and the op that
-    sets it and holding the plan that reaches it (`smallest_plan`), when
-    swapping every candidate is not enough; ArenaFragmentationError when the
-    bytes fit but the allocator model cannot place them in the arena.
     pinned: plan for the step pinned to its schedule (`StepAnalysis.pinned`);
     the plan records that order, and the rewrite pins it even without swaps.
     loop_swap_depth: swap the analysis's loop accumulators (`StepAnalysis.loop_swaps`)
     where that helps, with loops bounded to this many iterations at once
     (recorded as the plan's `loop_parallel_iterations`); None: no loop swaps.
+    Returns a plan without decisions when the step already fits; where no plan fits, the lowest-peak one
+    and the reason, naming the smallest achievable peak and the op that sets it (`PlanResult`). Raises
+    ValueError for a target that is not positive.
     """
     target_bytes = budget_bytes if target_bytes is None else target_bytes
     if target_bytes <= 0:
@@ -97,42 +123,36 @@ def plan_swaps(
     pinned_order = analysis.order if pinned else ()
     if baseline.fits(target_bytes):
         fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
-        return SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
+        plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
+        return PlanResult(plan, True, plan.predicted_peak_after_bytes)
 
     search = _Search(analysis, baseline, budget_bytes, pinned_order, machine, options, allocator, arena_bytes,
                      loop_swap_depth)
     result = search.run(target_bytes)
     if not result.fits and target_bytes > _FLOOR_TARGET_BYTES:
-        # The search adds candidates by the cheapest kind that frees enough at the current peak, so where the
-        # target is out of its reach it can end above the plan that conserves every candidate by the kind that
-        # frees most.
-        floor = search.run(_FLOOR_TARGET_BYTES)
+        floor = search.run(_FLOOR_TARGET_BYTES)  # the most-conserving plan (see the module's docstring)
         if floor.lowest_peak_bytes <= target_bytes and floor.lowest_placed:
-            return dataclasses.replace(floor.lowest_plan, target_bytes=target_bytes, notes=floor.lowest_plan.notes + (
+            plan = dataclasses.replace(floor.lowest_plan, target_bytes=target_bytes, notes=floor.lowest_plan.notes + (
                 "the most-conserving plan: the search at the target ended above it",))
+            return PlanResult(plan, True, plan.predicted_peak_after_bytes)
         if floor.lowest_peak_bytes < result.lowest_peak_bytes:
             result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_op=floor.lowest_op)
+    if result.fits:
+        return PlanResult(result.plan, True, result.plan.predicted_peak_after_bytes)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
     if result.host_refused:
         planned_for += f", swaps limited to {options.max_host_bytes / MIB:.1f} MB of host memory"
-    if result.plan.predicted_peak_after_bytes <= target_bytes and not result.placed:
-        raise ArenaFragmentationError(
+    if result.plan.predicted_peak_after_bytes <= target_bytes:  # the bytes fit; the buffers were not placed
+        peak = result.plan.predicted_peak_after_bytes
+        return PlanResult(None, False, peak, fragmented=True, reason=(
             f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
-            f"with {len(result.plan.decisions)} swaps (fragmentation; predicted peak "
-            f"{result.plan.predicted_peak_after_bytes / MIB:.1f} MB); {planned_for}. Raise the budget or reduce the "
-            f"batch size.",
-            smallest_peak_bytes=result.plan.predicted_peak_after_bytes,
-        )
-    if not result.fits:
-        op = result.lowest_op
-        raise InfeasibleBudgetError(
-            f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
-            f"{planned_for}. Raise the budget or reduce the batch size.",
-            smallest_peak_bytes=result.lowest_peak_bytes,
-            smallest_plan=result.lowest_plan,
-        )
-    return result.plan
+            f"with {len(result.plan.decisions)} swaps (fragmentation; predicted peak {peak / MIB:.1f} MB); "
+            f"{planned_for}. Raise the budget or reduce the batch size."))
+    op = result.lowest_op
+    return PlanResult(result.lowest_plan, False, result.lowest_peak_bytes, reason=(
+        f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
+        f"{planned_for}. Raise the budget or reduce the batch size."))
 
 
 @dataclass(frozen=True)
@@ -155,7 +175,7 @@ class _SearchResult:
 
 @dataclass(frozen=True)
 class _Search:
-    """`plan_swaps`' selection for one step, run for a target."""
+    """`choose_conservations`' selection for one step, run for a target."""
 
     analysis: StepAnalysis
     baseline: Baseline

@@ -1,6 +1,6 @@
 """`seqmem.optimize`: make a training step fit a memory budget by conserving feature maps.
 
-Three parts: plan (`seqmem.plan.plan_swaps`, pure, for a target below the
+Three parts: plan (`seqmem.plan.choose_conservations`, pure, for a target below the
 budget), build the runnable step (`seqmem.runtime.optimized_step`), and on a
 measuring device calibrate: run the step, and plan again for less when its
 measured peak exceeds the budget.
@@ -9,7 +9,6 @@ measured peak exceeds the budget.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 from collections.abc import Sequence
 from typing import Any, Optional, Union
@@ -18,11 +17,11 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from seqmem.analysis import StepAnalysis, without_barriers
-from seqmem.plan import Baseline, plan_swaps, refined_pinned_order, simulate_baseline
+from seqmem.plan import Baseline, PlanResult, choose_conservations, refined_pinned_order, simulate_baseline
 from seqmem.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
-from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
+from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorRef
 from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
@@ -143,10 +142,10 @@ def optimize(
     loop_swap_depth = _loop_swap_depth(backend, loop_parallel_iterations)
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
-        planner = _Planner(analysis, budget_bytes, machine, options, arena_bytes=None, measurable=False,
-                           pinned=False, loop_parallel_iterations=loop_parallel_iterations,
-                           loop_swap_depth=loop_swap_depth)
-        return build_step(analysis, planner.plan(target_bytes), backend)
+        planner = _Planner(analysis, budget_bytes, machine, options, measurable=False, pinned=False,
+                           loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
+        result, _ = planner.plan(target_bytes, _Arena(None))
+        return build_step(analysis, result.fitting_plan(), backend)
     if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
         raise TypeError(
             f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
@@ -163,26 +162,22 @@ def optimize(
     if workers is not None:
         analysis = _agreed(analysis, workers)
     arena_mb = device.emulated_budget_mb()
-    planner = _Planner(analysis, budget_bytes, machine, options,
-                       arena_bytes=None if arena_mb is None else arena_mb * MIB, measurable=calibrating,
+    planner = _Planner(analysis, budget_bytes, machine, options, measurable=calibrating,
                        pinned=pin_order and bool(analysis.pinned_order),
                        loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
-    try:
-        plan = planner.plan(target_bytes)
-    except InfeasibleBudgetError as error:
-        lowest = error.smallest_plan
-        if not calibrating or lowest is None or lowest.predicted_peak_after_bytes > budget_bytes:
-            raise
-        # The margin is room for the predictor's error. No plan leaves all of it; the most-conserving
-        # one leaves the most, and calibration measures whether that is enough.
-        plan = lowest
+    result, arena = planner.plan(target_bytes, _Arena(None if arena_mb is None else arena_mb * MIB))
+    plan = result.plan
+    if not result.fits and (not calibrating or plan is None or plan.predicted_peak_after_bytes > budget_bytes):
+        raise result.error()
+    # Where no plan fits: the margin is room for the predictor's error. No plan leaves all of it; the
+    # most-conserving one leaves the most, and calibration measures whether that is enough.
     if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
-        step = _calibrated(_built(analysis, plan, backend, function, original, workers), planner, backend,
-                           sample_inputs)
+        step, arena = _calibrated(_built(analysis, plan, backend, function, original, workers), planner, arena,
+                                  backend, sample_inputs)
     else:
         step = _built(analysis, plan, backend, function, original, workers)
     if workers is None:  # several workers re-planning apart would issue their collectives apart
-        step.replan = functools.partial(_plan_for_less, planner, measured=None)
+        step.replan = lambda failed_plan: _plan_for_less(planner, arena, failed_plan, measured=None)[0]
     return step
 
 
@@ -239,8 +234,27 @@ def _default_backend() -> SwapBackend:
     return EmulatedDeviceBackend()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Order:
+    """A way the step may run: in `analysis`'s order as it is (`pinned` False), or pinned to it."""
+
+    name: str
+    analysis: StepAnalysis
+    pinned: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arena:
+    """The arena the allocator model places a plan's buffers in: its size (None: no arena modelled), and,
+    once the model placed no plan's buffers in it and planning went on without it, what it said."""
+
+    size_bytes: Optional[int]
+    unplaced: Optional[str] = None
+
+
 class _Planner:
-    """`plan_swaps` for one analysed step at varying targets, each baseline simulated once.
+    """`choose_conservations` for one analysed step at varying targets and arenas, each baseline simulated
+    once; the orders it may pin the step to, refined at most once.
 
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
@@ -248,145 +262,117 @@ class _Planner:
     step's gradient barriers are split (`seqmem.swap.barriers`), so that each update runs once its own
     gradient exists.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
-    loop_swap_depth: `plan_swaps`' (None: no loop swaps).
+    loop_swap_depth: `choose_conservations`' (None: no loop swaps).
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, options: ConservationOptions,
-                 arena_bytes: Optional[int], measurable: bool, pinned: bool,
-                 loop_parallel_iterations: Optional[int], loop_swap_depth: Optional[int]) -> None:
+                 measurable: bool, pinned: bool, loop_parallel_iterations: Optional[int],
+                 loop_swap_depth: Optional[int]) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
         self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
         self._options = {"machine": machine, "options": options, "loop_swap_depth": loop_swap_depth}
-        self._arena_bytes, self._measurable = arena_bytes, measurable
-        # the allocator model's message when it placed no plan's buffers in the arena and planning went on
-        # without it (for calibration to decide); None while it has not
-        self.unplaced: Optional[str] = None
-        # how the step may run, by name: (analysis, pinned); a step that does not fit as it is may be pinned
-        self._orders = {"as it is": (analysis, False)}
+        self._measurable = measurable
+        self._as_it_is = _Order("as it is", analysis, False)
+        self._pinned: list[_Order] = []  # a step that does not fit as it is may be pinned
         self._split_barriers: tuple[str, ...] = ()  # of the pinned orders' graph
         if pinned:
             split = without_barriers(analysis)
             if split is not None:
                 self._split_barriers = gradient_barriers(analysis.graph)
             pinnable = split or analysis
-            self._orders.update({"pinned to its schedule": (pinnable, True),
-                                 "pinned to its own order": (pinnable.pinning_its_own_order(), True)})
+            self._pinned = [_Order("pinned to its schedule", pinnable, True),
+                            _Order("pinned to its own order", pinnable.pinning_its_own_order(), True)]
         self._baselines: dict[tuple[Optional[int], str], Baseline] = {}
         self._refined = False  # whether `_refine` ran
 
-    @property
-    def persistent_bytes(self) -> int:
+    def persistent_bytes(self, arena: _Arena) -> int:
         """Predicted bytes no plan can free: weights, optimizer slots, inputs, constants, and whatever else
         the process held on the device when the step was analyzed (`StepAnalysis.in_use_before_bytes`)."""
-        return self._baseline("as it is").trace.busiest().persistent_bytes
+        return self._baseline(self._as_it_is, arena.size_bytes).trace.busiest().persistent_bytes
 
-    def plan(self, target_bytes: int) -> SwapPlan:
-        """The plan for `target_bytes`. Raises InfeasibleBudgetError when none reaches it, its
-        `smallest_plan` ready to run as this method's plans are."""
-        try:
-            try:
-                plan = self._plan(target_bytes)
-            except ArenaFragmentationError as error:
-                if self._arena_bytes is None or not self._measurable:
-                    raise
-                # Only the allocator model's fragmentation stood in the way: a model, which calibration
-                # checks on the device itself. Plan without it from here on.
-                self.unplaced = (f"the allocator model placed no plan's buffers in the {self._arena_bytes / MIB:.1f} MB "
-                                 f"arena (predicted peak {error.smallest_peak_bytes / MIB:.1f} MB)")
-                self._arena_bytes = None
-                plan = self._plan(target_bytes)
-        except InfeasibleBudgetError as error:
-            if error.smallest_plan is not None:
-                error.smallest_plan = self._bounded(error.smallest_plan)
-            raise
-        return self._bounded(plan)
+    def plan(self, target_bytes: int, arena: _Arena) -> tuple[PlanResult, _Arena]:
+        """The plan for `target_bytes` in `arena`, ready to run (`PlanResult`), and the arena to plan in from
+        then on: where only the allocator model's fragmentation stood in the way and the device can measure
+        the plans, planning goes on without the model's arena (calibration checks on the device itself)."""
+        result = self._first_fitting(target_bytes, arena.size_bytes)
+        if result.fragmented and arena.size_bytes is not None and self._measurable:
+            arena = _Arena(None, f"the allocator model placed no plan's buffers in the {arena.size_bytes / MIB:.1f} MB "
+                                 f"arena (predicted peak {result.smallest_peak_bytes / MIB:.1f} MB)")
+            result = self._first_fitting(target_bytes, None)
+        if result.plan is not None:
+            bound = result.plan.loop_parallel_iterations or self._loop_bound
+            result = dataclasses.replace(result, plan=dataclasses.replace(result.plan, loop_parallel_iterations=bound))
+        return result, arena
 
-    def _bounded(self, plan: SwapPlan) -> SwapPlan:
-        return dataclasses.replace(plan, loop_parallel_iterations=plan.loop_parallel_iterations or self._loop_bound)
-
-    def _plan(self, target_bytes: int) -> SwapPlan:
+    def _first_fitting(self, target_bytes: int, arena_bytes: Optional[int]) -> PlanResult:
         """The first plan that fits of: each pinned order, lowest baseline peak first, then as it is (so a
         step that fits as it is is pinned too, to run in the order its peak was predicted for); where none
-        does, the pinned order of the lowest failure refined around its peak (`_refine`). Raises the
-        failure with the lowest peak."""
-        pinned = [name for name, (_, pinned) in self._orders.items() if pinned]
-        tries = sorted(pinned, key=lambda name: self._baseline(name).trace.peak_bytes) + ["as it is"]
-        failures = []
-        for name in tries:
-            try:
-                return self._plan_in(name, target_bytes)
-            except InfeasibleBudgetError as error:
-                failures.append((name, error))
-        name, error = min(failures, key=lambda failure: failure[1].smallest_peak_bytes or 0)
-        refined = self._refine(name, error.smallest_plan)
-        if refined is not None:
-            try:
-                return self._plan_in(refined, target_bytes)
-            except InfeasibleBudgetError as again:
-                error = min(error, again, key=lambda e: e.smallest_peak_bytes or 0)
-        raise error
+        does, the pinned order of the lowest result refined around its peak (`_refine`). Else the result
+        with the lowest peak."""
+        tries = sorted(self._pinned, key=lambda order: self._baseline(order, arena_bytes).trace.peak_bytes)
+        results = []
+        for order in tries + [self._as_it_is]:
+            result = self._plan_in(order, target_bytes, arena_bytes)
+            if result.fits:
+                return result
+            results.append((order, result))
+        order, lowest = min(results, key=lambda tried: tried[1].smallest_peak_bytes)
+        refined = self._refine(order, lowest.plan, arena_bytes)
+        if refined is None:
+            return lowest
+        again = self._plan_in(refined, target_bytes, arena_bytes)
+        return again if again.fits else min(lowest, again, key=lambda result: result.smallest_peak_bytes)
 
-    def _plan_in(self, order: str, target_bytes: int) -> SwapPlan:
-        """`plan_swaps` for the step run as `order` names (see `_orders`)."""
-        analysis, pinned = self._orders[order]
-        split = self._split_barriers if pinned else ()
-        try:
-            plan = plan_swaps(analysis, self.budget_bytes, target_bytes=target_bytes, pinned=pinned,
-                              baseline=self._baseline(order), arena_bytes=self._arena_bytes, **self._options)
-        except InfeasibleBudgetError as error:
-            if error.smallest_plan is not None:
-                error.smallest_plan = dataclasses.replace(error.smallest_plan, split_barriers=split)
-            raise
-        return dataclasses.replace(plan, split_barriers=split)
+    def _plan_in(self, order: _Order, target_bytes: int, arena_bytes: Optional[int]) -> PlanResult:
+        """`choose_conservations` for the step run in `order`."""
+        result = choose_conservations(order.analysis, self.budget_bytes, target_bytes=target_bytes,
+                                      pinned=order.pinned, baseline=self._baseline(order, arena_bytes),
+                                      arena_bytes=arena_bytes, **self._options)
+        if result.plan is None:
+            return result
+        split = self._split_barriers if order.pinned else ()
+        return dataclasses.replace(result, plan=dataclasses.replace(result.plan, split_barriers=split))
 
-    def _refine(self, order: str, lowest: Optional[SwapPlan]) -> Optional[str]:
-        """Once per planner, where copies cannot overlap computation: add the pinned `order` refined around
-        the peak of its most-conserving plan `lowest` (`plan.refined_pinned_order`), refined again while
-        that lowers the most-conserving plan's peak. Returns the new order's name, or None."""
-        analysis, pinned = self._orders[order]
-        if (self._refined or self._options["machine"].copies_overlap or not pinned or lowest is None
+    def _refine(self, order: _Order, lowest: Optional[SwapPlan], arena_bytes: Optional[int]) -> Optional[_Order]:
+        """Once per planner, where copies cannot overlap computation: the pinned `order` refined around the
+        peak of its most-conserving plan `lowest` (`plan.refined_pinned_order`), refined again while that
+        lowers the most-conserving plan's peak; added to the pinned orders. None where none is lower."""
+        if (self._refined or self._options["machine"].copies_overlap or not order.pinned or lowest is None
                 or lowest.loop_swaps):
             return None
         self._refined = True
-        refined = None
+        analysis, refined = order.analysis, None
         for _ in range(_REFINEMENT_ROUNDS):
             candidate = dataclasses.replace(analysis, pinned_order=refined_pinned_order(analysis, lowest))
             if candidate.pinned_order == analysis.pinned_order:
                 break
-            baseline = simulate_baseline(candidate.pinned(), arena_bytes=self._arena_bytes)
-            plan = self._most_conserving(candidate, baseline)
+            baseline = simulate_baseline(candidate.pinned(), arena_bytes=arena_bytes)
+            plan = choose_conservations(candidate, self.budget_bytes, target_bytes=1, pinned=True, baseline=baseline,
+                                        arena_bytes=arena_bytes, **self._options).plan  # the most conserving
             if plan is None or plan.predicted_peak_after_bytes >= lowest.predicted_peak_after_bytes:
                 break
             analysis, lowest, refined = candidate, plan, (candidate, baseline)
         if refined is None:
             return None
-        name = "pinned to its refined schedule"
-        self._orders[name] = (refined[0], True)
-        self._baselines[self._arena_bytes, name] = refined[1]
-        return name
+        order = _Order("pinned to its refined schedule", refined[0], True)
+        self._pinned.append(order)
+        self._baselines[arena_bytes, order.name] = refined[1]
+        return order
 
-    def _most_conserving(self, analysis: StepAnalysis, baseline: Baseline) -> Optional[SwapPlan]:
-        """The lowest-peak plan for the step pinned as `analysis` says, whose `baseline` is given (None if
-        there is none)."""
-        try:
-            return plan_swaps(analysis, self.budget_bytes, target_bytes=1, pinned=True, baseline=baseline,
-                              arena_bytes=self._arena_bytes, **self._options)
-        except InfeasibleBudgetError as error:
-            return error.smallest_plan
-
-    def _baseline(self, order: str) -> Baseline:
-        if (self._arena_bytes, order) not in self._baselines:
-            analysis, pinned = self._orders[order]
-            self._baselines[self._arena_bytes, order] = simulate_baseline(analysis.pinned() if pinned else analysis,
-                                                                          arena_bytes=self._arena_bytes)
-        return self._baselines[self._arena_bytes, order]
+    def _baseline(self, order: _Order, arena_bytes: Optional[int]) -> Baseline:
+        if (arena_bytes, order.name) not in self._baselines:
+            analysis = order.analysis.pinned() if order.pinned else order.analysis
+            self._baselines[arena_bytes, order.name] = simulate_baseline(analysis, arena_bytes=arena_bytes)
+        return self._baselines[arena_bytes, order.name]
 
 
-def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sample_inputs: Any) -> OptimizedStep:
+def _calibrated(step: OptimizedStep, planner: _Planner, arena: _Arena, backend: SwapBackend,
+                sample_inputs: Any) -> tuple[OptimizedStep, _Arena]:
     """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
     for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
     first step that fits (its measured peak recorded in the plan, instantiated anew so that its random ops
-    draw what the original's first call would), or the last one planned."""
+    draw what the original's first call would), or the last one planned; and the arena to plan in from
+    then on."""
     function, workers = step.function, step.workers
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
@@ -394,10 +380,10 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
         if measured is not None and measured <= planner.budget_bytes:
             step.plan = dataclasses.replace(step.plan, measured_peak_bytes=measured)
             step.restart()  # calibration's calls advanced its random kernels
-            return step
+            return step, arena
         if measured is not None:
             measured_peaks.append(measured)
-        plan = _plan_for_less(planner, step.plan, measured, min(measured_peaks, default=None))
+        plan, arena = _plan_for_less(planner, arena, step.plan, measured, min(measured_peaks, default=None))
         original, step = step.original, None
         # A step that ran holds device memory (its functions' constants, folded when TensorFlow instantiated
         # them) until its graph's reference cycles are collected.
@@ -405,41 +391,43 @@ def _calibrated(step: OptimizedStep, planner: _Planner, backend: SwapBackend, sa
         # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
         gc.collect()
         step = _built(planner.analysis, plan, backend, function, original, workers)
-    return step
+    return step, arena
 
 
-def _plan_for_less(planner: _Planner, plan: SwapPlan, measured: Optional[int],
-                   lowest_measured: Optional[int] = None) -> SwapPlan:
+def _plan_for_less(planner: _Planner, arena: _Arena, plan: SwapPlan, measured: Optional[int],
+                   lowest_measured: Optional[int] = None) -> tuple[SwapPlan, _Arena]:
     """The plan to run after `plan` peaked at `measured` bytes on the device (None: it ran out of memory):
     aimed below what `plan` predicted by the overshoot, at least 5% of its target (10% after an OOM); the
-    most-conserving plan when no plan reaches that but that one is lower than `plan`'s prediction.
+    most-conserving plan when no plan reaches that but that one is lower than `plan`'s prediction. With it,
+    the arena to plan in from then on (`_Planner.plan`).
     Raises InfeasibleBudgetError, with `lowest_measured` bytes, when no plan can aim lower."""
     budget_bytes, target_bytes = planner.budget_bytes, plan.target_bytes
     seen = "ran out of memory" if measured is None else f"peaked at {measured / MIB:.1f} MB"
     overshoot = measured - budget_bytes if measured is not None else target_bytes // 10
     target_bytes = min(target_bytes, plan.predicted_peak_after_bytes) - max(overshoot, target_bytes // 20)
-    if target_bytes <= planner.persistent_bytes:
+    persistent_bytes = planner.persistent_bytes(arena)
+    if target_bytes <= persistent_bytes:
         raise InfeasibleBudgetError(
             f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and no "
             f"plan can aim lower: the step's persistent memory (weights, optimizer slots, inputs, and what "
             f"else the process holds on the device) is "
-            f"{planner.persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
+            f"{persistent_bytes / MIB:.1f} MB. Raise the budget or reduce the batch size.",
             smallest_peak_bytes=plan.predicted_peak_after_bytes, measured_peak_bytes=lowest_measured,
         )
-    try:
-        return planner.plan(target_bytes)
-    except InfeasibleBudgetError as error:
-        smallest = error.smallest_plan
-        if smallest is None or smallest.predicted_peak_after_bytes >= plan.predicted_peak_after_bytes:
-            unplaced = "" if planner.unplaced is None or measured is not None else (
-                f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: "
-                f"{planner.unplaced}.")
-            raise InfeasibleBudgetError(
-                f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
-                f"planning for less does not fit: {error}{unplaced}",
-                smallest_peak_bytes=error.smallest_peak_bytes, measured_peak_bytes=lowest_measured,
-            ) from None
-        return smallest  # the most-conserving plan: its measurement decides
+    result, arena = planner.plan(target_bytes, arena)
+    if result.fits:
+        return result.plan, arena
+    lowest = result.plan
+    if lowest is None or lowest.predicted_peak_after_bytes >= plan.predicted_peak_after_bytes:
+        unplaced = "" if arena.unplaced is None or measured is not None else (
+            f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: "
+            f"{arena.unplaced}.")
+        raise InfeasibleBudgetError(
+            f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
+            f"planning for less does not fit: {result.reason}{unplaced}",
+            smallest_peak_bytes=result.smallest_peak_bytes, measured_peak_bytes=lowest_measured,
+        )
+    return lowest, arena  # the most-conserving plan: its measurement decides
 
 
 def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any,

@@ -1,4 +1,3 @@
-import dataclasses
 import functools
 import math
 
@@ -362,28 +361,29 @@ def test_a_step_with_dropout_and_a_generator_draws_what_the_original_draws_after
 
 
 class _PlannerWithoutRoom:
-    """A planner whose allocator model placed no plan's buffers in the arena, and that has no plan lower."""
+    """A planner that has no plan lower than 90 MB."""
 
-    budget_bytes, persistent_bytes = 100 << 20, 10 << 20
-    unplaced = "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps"
+    budget_bytes = 100 << 20
 
-    def plan(self, target_bytes):
-        from seqmem.errors import InfeasibleBudgetError
+    def persistent_bytes(self, arena):
+        return 10 << 20
 
-        raise InfeasibleBudgetError("smallest achievable peak is 90.0 MB; budget was 100.0 MB", 90 << 20)
+    def plan(self, target_bytes, arena):
+        from seqmem.plan import PlanResult
+
+        return PlanResult(None, False, 90 << 20, reason="smallest achievable peak is 90.0 MB; budget was 100.0 MB"), arena
 
 
 def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_says_so():
     from seqmem.errors import InfeasibleBudgetError
-    from seqmem.runtime.optimize import _plan_for_less
+    from seqmem.runtime.optimize import _Arena, _plan_for_less
     from seqmem.swap.plan import SwapPlan
 
     plan = SwapPlan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
                     predicted_peak_after_bytes=90 << 20)
-    planner = _PlannerWithoutRoom()
+    unplaced = _Arena(None, "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps")
     with pytest.raises(InfeasibleBudgetError, match=r"ran out of memory.*fragmentation.*3 swaps\.$"):
-        _plan_for_less(planner, plan, None)
-    planner.unplaced = None
+        _plan_for_less(_PlannerWithoutRoom(), unplaced, plan, None)
     with pytest.raises(InfeasibleBudgetError) as raised:
-        _plan_for_less(planner, plan, None)
+        _plan_for_less(_PlannerWithoutRoom(), _Arena(None), plan, None)
     assert "fragmentation" not in str(raised.value)

@@ -121,7 +121,7 @@ def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():
     import dataclasses
 
     from seqmem.analysis import analyze_graph, as_planned
-    from seqmem.plan import plan_swaps
+    from seqmem.plan import choose_conservations
     from seqmem.ir.graph import TensorInfo
 
     g = graph(
@@ -135,7 +135,7 @@ def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():
         node("update2", "AssignSub", ["join:1"], outputs=()),
     )
     analysis = analyze_graph(g, inter_op_threads=1)
-    plan = plan_swaps(analysis, 1 << 40, pinned=True)
+    plan = choose_conservations(analysis, 1 << 40, pinned=True).fitting_plan()
     assert as_planned(analysis, plan).order == plan.pinned_order
     split = as_planned(analysis, dataclasses.replace(plan, split_barriers=("join",), pinned_order=()))
     assert "join" not in split.graph  # each update runs once its own gradient exists
