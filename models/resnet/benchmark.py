@@ -177,7 +177,9 @@ def memory_curves(depth: int, batch: int, image_size: int, classes: int, budget_
                      title=f"ResNet-{depth}, batch {batch}, {image_size}x{image_size}: predicted memory over one step")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], tuple[str, ...]]:
+    """The benchmark's flags, checked (the parser exits with a message on a bad one): the arguments, Table
+    1(b)'s depths, and the variants besides the baseline."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="ResNet-20 at 32x32, 10 classes, 256 MB, batches within 25%%; ResNet-47 at batch 48: a few minutes")
@@ -236,81 +238,106 @@ def main(argv: list[str] | None = None) -> int:
     for depth in [args.depth] + depths:
         if depth not in IMAGENET_STAGES and (depth < 11 or (depth - 2) % 9):
             parser.error(f"depth {depth} is neither one of {sorted(IMAGENET_STAGES)} nor 9n + 2 (e.g. 1001)")
+    return args, depths, others
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, depths, others = _arguments(argv)
     # Children unpickle functions by module name: use the importable name, not __main__.
     from models.resnet import benchmark as bench
 
     os.makedirs(args.out, exist_ok=True)
-    network = (args.depth, args.image_size, args.classes)
-    host = args.host_memory_mb
-    one_stream = args.executor == "one-stream"
     report: dict[str, Any] = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "table_a": {}, "table_b": []}
     tables = "" if args.at_batch else args.tables
     with tqdm(desc="probe processes", unit="run", file=sys.stderr) as progress:
-        def run(function, *call_args, budget_mb):
-            result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=args.timeout_s,
-                                     one_stream=one_stream)
-            progress.update(1)
-            return result
-
-        def search(variant, start):
-            found = largest_batch(trains, bench.workload(variant, *network, args.budget_mb, host),
-                                  budget_mb=args.budget_mb, limit=args.max_batch, start=start, precision=args.precision, runs=args.runs,
-                                  one_stream=one_stream,
-                                  timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
-            return {"batch": found.batch, "notes": found.notes}
-
+        probes = _Probes(args, progress, bench)
         if args.at_batch:
-            report["at_batch"] = {variant: [value_or_verdict(run(
-                bench.measure, variant, args.depth, args.at_batch, args.image_size, args.classes, args.budget_mb, host,
-                budget_mb=args.budget_mb)) for _ in range(args.runs)] for variant in others}
-        table_a = report["table_a"]
+            report["at_batch"] = {variant: [value_or_verdict(probes.run(
+                bench.measure, variant, args.depth, args.at_batch, args.image_size, args.classes, args.budget_mb,
+                args.host_memory_mb, budget_mb=args.budget_mb)) for _ in range(args.runs)] for variant in others}
         report["at_base"], report["at_opt"] = {}, {}
         if "a" in tables:
-            bounds = run(bench.batch_bounds, *network, args.budget_mb, budget_mb=args.budget_mb)
-            table_a["limit"] = value_or_verdict(bounds)
-            guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
-            table_a["baseline"] = search("baseline", min(guess, args.max_batch))
-            base = table_a["baseline"]["batch"]
-            with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
-                table_a.update(zip(others, pool.map(lambda variant: search(variant, max(base, 1)), others)))
-            if base and not args.batches_only:
-                # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base,
-                # found by two steps, may exceed the budget in a later one: measure at B_base in an arena of
-                # twice the budget (seqmem still plans for the budget), at B_opt under the budget itself.
-                for variant in ("baseline",) + others:
-                    measured = run(bench.measure, variant, args.depth, base, args.image_size, args.classes,
-                                   args.budget_mb, host, budget_mb=2 * args.budget_mb)
-                    report["at_base"][variant] = value_or_verdict(measured)
-                kinds = [v for v in others if v in SEQMEM_KINDS]
-                common = min((table_a[v]["batch"] for v in kinds), default=0)
-                if len(kinds) > 1 and common > base:  # each way of conserving at one batch, like Janssen et al.'s
-                    report["at_common"] = {"batch": common, "rows": {
-                        v: value_or_verdict(run(bench.measure, v, args.depth, common, args.image_size, args.classes,
-                                                args.budget_mb, host, budget_mb=args.budget_mb)) for v in kinds}}
-                opt = table_a.get("seqmem", {}).get("batch")
-                if opt:
-                    measured = run(bench.measure, "seqmem", args.depth, opt, args.image_size, args.classes,
-                                   args.budget_mb, host, budget_mb=args.budget_mb)
-                    report["at_opt"]["seqmem"] = value_or_verdict(measured)
-                curves = os.path.join(args.out, "resnet-memory.png")
-                drawn = run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
-                            curves, host, budget_mb=max(4 * args.budget_mb, 4096))
-                report["memory_png"] = curves if drawn.ok else drawn.verdict
+            _table_a(probes, others, report)
         for depth in depths if "b" in tables else ():
-            row = {"depth": depth}
-            for variant in ("baseline", "seqmem"):
-                measured = run(bench.measure, variant, depth, args.depth_batch, args.depth_image_size, 10,
-                               args.depth_budget_mb, host, budget_mb=args.depth_budget_mb)
-                row[variant] = value_or_verdict(measured)
-            smallest = run(bench.measure_smallest, depth, args.depth_batch, args.depth_image_size, 10, "seqmem",
-                           host, budget_mb=args.depth_budget_mb)
-            row["smallest"] = value_or_verdict(smallest)
-            report["table_b"].append(row)
+            report["table_b"].append(_table_b_row(probes, depth))
 
     print(format_report(report))
     path = write_json(report, os.path.join(args.out, "resnet-benchmark.json"))
     print(f"wrote {path}" + (f" and {report['memory_png']}" if str(report.get("memory_png", "")).endswith(".png") else ""))
     return 0
+
+
+class _Probes:
+    """The benchmark's probe processes, each counted on the progress bar: one run at a batch, or a search."""
+
+    def __init__(self, args: argparse.Namespace, progress, bench) -> None:
+        self.args, self.progress, self.bench = args, progress, bench
+        self.network = (args.depth, args.image_size, args.classes)
+
+    def run(self, function, *call_args, budget_mb):
+        result = run_with_budget(function, *call_args, budget_mb=budget_mb, timeout_s=self.args.timeout_s,
+                                 one_stream=self.args.executor == "one-stream")
+        self.progress.update(1)
+        return result
+
+    def search(self, variant: str, start: int) -> dict[str, Any]:
+        args = self.args
+        found = largest_batch(trains, self.bench.workload(variant, *self.network, args.budget_mb, args.host_memory_mb),
+                              budget_mb=args.budget_mb, limit=args.max_batch, start=start, precision=args.precision,
+                              runs=args.runs, one_stream=args.executor == "one-stream", timeout_s=args.timeout_s,
+                              on_probe=lambda batch, verdict: self.progress.update(1))
+        return {"batch": found.batch, "notes": found.notes}
+
+    def measure(self, variant: str, batch: int, budget_mb: int) -> dict[str, Any]:
+        """`measure` of `variant` at `batch` for the benchmark's budget, in an arena of `budget_mb`."""
+        args = self.args
+        return value_or_verdict(self.run(self.bench.measure, variant, args.depth, batch, args.image_size, args.classes,
+                                         args.budget_mb, args.host_memory_mb, budget_mb=budget_mb))
+
+
+def _table_a(probes: _Probes, others: tuple[str, ...], report: dict[str, Any]) -> None:
+    """Table 1(a) into `report`: the largest batch of the baseline and of each variant, and (unless
+    --batches-only) peaks and throughput at B_base, at a batch every kind trains, at B_opt, and the chart."""
+    args, bench, table_a = probes.args, probes.bench, report["table_a"]
+    bounds = probes.run(bench.batch_bounds, *probes.network, args.budget_mb, budget_mb=args.budget_mb)
+    table_a["limit"] = value_or_verdict(bounds)
+    guess = bounds.value["predicted_base_batch"] if bounds.ok else 1
+    table_a["baseline"] = probes.search("baseline", min(guess, args.max_batch))
+    base = table_a["baseline"]["batch"]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # independent searches, side by side
+        table_a.update(zip(others, pool.map(lambda variant: probes.search(variant, max(base, 1)), others)))
+    if not base or args.batches_only:
+        return
+    # Peaks vary from step to step (the executor runs independent ops concurrently), so B_base, found by two
+    # steps, may exceed the budget in a later one: measure at B_base in an arena of twice the budget (seqmem
+    # still plans for the budget), at B_opt under the budget itself.
+    for variant in ("baseline",) + others:
+        report["at_base"][variant] = probes.measure(variant, base, 2 * args.budget_mb)
+    kinds = [v for v in others if v in SEQMEM_KINDS]
+    common = min((table_a[v]["batch"] for v in kinds), default=0)
+    if len(kinds) > 1 and common > base:  # each way of conserving at one batch, like Janssen et al.'s
+        report["at_common"] = {"batch": common, "rows": {v: probes.measure(v, common, args.budget_mb) for v in kinds}}
+    opt = table_a.get("seqmem", {}).get("batch")
+    if opt:
+        report["at_opt"]["seqmem"] = probes.measure("seqmem", opt, args.budget_mb)
+    curves = os.path.join(args.out, "resnet-memory.png")
+    drawn = probes.run(bench.memory_curves, args.depth, opt or base, args.image_size, args.classes, args.budget_mb,
+                       curves, args.host_memory_mb, budget_mb=max(4 * args.budget_mb, 4096))
+    report["memory_png"] = curves if drawn.ok else drawn.verdict
+
+
+def _table_b_row(probes: _Probes, depth: int) -> dict[str, Any]:
+    """Table 1(b)'s row for `depth`: the baseline and seqmem at the fixed batch, and seqmem's lowest peak."""
+    args, bench = probes.args, probes.bench
+    row: dict[str, Any] = {"depth": depth}
+    for variant in ("baseline", "seqmem"):
+        row[variant] = value_or_verdict(probes.run(bench.measure, variant, depth, args.depth_batch,
+                                                   args.depth_image_size, 10, args.depth_budget_mb, args.host_memory_mb,
+                                                   budget_mb=args.depth_budget_mb))
+    row["smallest"] = value_or_verdict(probes.run(bench.measure_smallest, depth, args.depth_batch,
+                                                  args.depth_image_size, 10, "seqmem", args.host_memory_mb,
+                                                  budget_mb=args.depth_budget_mb))
+    return row
 
 
 def format_report(report: dict[str, Any]) -> str:

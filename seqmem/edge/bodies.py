@@ -23,11 +23,9 @@ inlining, in no order one body shows: its body runs in topological order.
 A gradient loop's body is sized with the element shapes of the lists it pops
 (`seqmem.edge.loop_swap.with_popped_shapes`), its masks' included: TensorFlow's
 shape inference leaves them unknown in the body, and with them the size of what
-the body computes from them (the NMT step's gradient iteration at batch 223:
-11.2 MB sized without them, 32.9 MB with; with efficient attention, the
-[batch, time, units] gradient that the masked scores' gradient leads to was
-unsized until the popped masks were shaped too), and every body with the shapes
-of the variables it reads (`seqmem.edge.variable_shapes`).
+the body computes from them (an attention decoder's [batch, time, units]
+gradient that the masked scores' gradient leads to), and every body with the
+shapes of the variables it reads (`seqmem.edge.variable_shapes`).
 
 Leaving out the body's arguments (the node's inputs), its constants (held across
 steps, charged to the node: `seqmem.edge.folded_constants`) and, for a loop,
@@ -51,11 +49,7 @@ charged its peak less the argument's bytes, which the simulator counts as the
 call's input (at least 0: where the body frees more than it then allocates, the
 simulator still holds the argument). A Keras LSTM's backward call frees the
 incoming [batch, time, units] gradient once it has transposed it, before its
-gradient loop: the two-layer language model of
-`tests/runtime/test_optimize_loops.py`, planned for 20 MB, was predicted 15.5 MB
-and measured 13.7-13.8 MB with the argument held for the whole call, and is
-predicted 15.2 MB and measured 14.9-15.1 MB with it freed (its plan swapping 12
-lists instead of 13).
+gradient loop.
 """
 
 from __future__ import annotations

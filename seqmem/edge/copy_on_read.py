@@ -4,10 +4,8 @@ A `ReadVariableOp` usually returns the variable's own buffer. Once a sparse op
 has touched a variable (an embedding's `ResourceGather`, an optimizer's
 `ResourceScatterAdd` on its slots for IndexedSlices gradients), TensorFlow puts
 the variable in copy-on-read mode (`EnsureSparseVariableAccess`,
-`resource_variable_ops.cc`), and from then on every read allocates a copy. The
-NMT step's Adam update reads its two embeddings and their four slots that way:
-8 reads of [1000, 256] float32 allocated 8 copies, about 1 MB each, in one
-traced step (emulated device, one stream, batch 8).
+`resource_variable_ops.cc`), and from then on every read allocates a copy (an
+Adam update of an embedding reads the embedding and its two slots that way).
 """
 
 from __future__ import annotations

@@ -10,33 +10,28 @@ gradient: measured, it is computed every step), and constant folding
 inputs are all constant (Shape, ShapeN, Size and Rank of known shapes
 included; no result over 10 MiB), keeping each result a non-constant node
 reads as a Const. A Const's kernel holds its tensor in device memory as long
-as the function lives: from the first call on, across steps. Measured on a
-Keras LSTM language model (emulated device): the backward functions' folded
-gradients of unused outputs and zeroed accumulators, 3.3 MB, held through
-every step; the simulator saw none of it inside the calls.
+as the function lives: from the first call on, across steps (a Keras LSTM's
+backward functions hold their folded gradients of unused outputs and zeroed
+accumulators so).
 
 The step's own graph is optimized the same way: its folded nodes (`folded_ops`)
-hold their outputs across steps, as a Const does (measured on the emulated
-device: a step reading fill([2048, 1024], 3.0) holds 8 MB from its first call
-on; in the NMT step at batch 32, 50 steps and 128 units, the gradient loop's
-zeroed initial values are 3.2 MB). Grappler's arithmetic simplification
-replaces x + 0, x * 1 and x / 1 by x, so zeros only added and ones only
-multiplied are not kept (measured: zeros_like(x) + x holds nothing), and the
-op itself allocates nothing: its output is x's buffer (`neutral_arithmetic`;
+hold their outputs across steps, as a Const does (a step reading
+fill([2048, 1024], 3.0) holds the filled tensor from its first call on; so
+does a gradient loop's zeroed initial values). Grappler's arithmetic
+simplification replaces x + 0, x * 1 and x / 1 by x, so zeros only added and
+ones only multiplied are not kept (zeros_like(x) + x holds nothing), and the op
+itself allocates nothing: its output is x's buffer (`neutral_arithmetic`;
 `tf.nn.silu` multiplies its input by a constant `beta` of 1 in its forward and
-its gradient: in an allocator trace of Keras' EfficientNetB0, none of those
-products is allocated).
+its gradient).
 
 Each call node and each while loop of the step is charged what its functions
 (a call's body; a loop's condition and body), and the functions they call or
 loop over, hold so (`held_constants`): the constant tensors a non-constant
 node or the function's caller reads. A call's argument is constant where the
 caller passes a constant; a loop's are not (they change every iteration). A
-constant nothing reads is pruned, whatever its size: the NMT step's gradient
-loop body has 15.0 MB of unread zeros (T = 50, batch 223, 256 units), and an
-allocator trace of its first call shows none of them held. A loop body's
-constants are held across steps as a call's are (measured: a loop multiplying
-by a 16 MiB constant holds it from its first call on).
+constant nothing reads is pruned, whatever its size (an LSTM gradient loop's
+body holds unread zeros). A loop body's constants are held across steps as a
+call's are.
 """
 
 from __future__ import annotations

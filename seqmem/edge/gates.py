@@ -9,10 +9,6 @@ simulator runs a loop as one node, when all its inputs exist. A While's control
 inputs gate every one of its `Enter` nodes (the `LoopControlInputs` NoOp of
 TensorFlow's `lower_while_op.cc`), so a control edge from each node that makes
 one of its inputs starts the loop as the simulator runs it.
-
-Measured (NMT step, T = 50, batch 223, loops bounded to one iteration at a time,
-every loop list swapped, one stream; the simulator predicts 205.5 MB): peak
-233.1 MB ungated, 222.0 MB gated.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """Keep variables in place: an assignment writes into the variable's buffer instead of taking the value's.
 
-TensorFlow's `AssignVariableOp` adopts its value's buffer (measured: even when
-another op reads the value after the assignment, Grappler on or off): the
+TensorFlow's `AssignVariableOp` adopts its value's buffer (even when another op
+reads the value after the assignment, Grappler on or off): the
 variable moves to wherever the value was allocated, among the step's
 activations, and its old buffer is freed. Keras' optimizers assign every
 momentum slot and batch-norm moving statistic that way, every step, so
 persistent buffers wander into the middle of the arena and split the free
-memory the next step's large tensors need (an optimized ResNet-50 step at batch
-379 in a 1024 MiB arena peaked at 716 MiB in its first call and ran out of
-memory in its second, no free chunk left for a 95 MiB tensor).
+memory the next step's large tensors need: a step that fits in its first call
+can run out of memory in its second.
 
 `assign_in_place` turns each such assignment into a
 `ResourceStridedSliceAssign` of the whole variable (`var[:] = value`), which
 copies the value into the variable's own buffer: the same values bit for bit,
 for one copy of the value's bytes. Like any sliced or scattered write, it puts
 the variable in TensorFlow's copy-on-read mode, where each read allocates a copy
-(`EnsureSparseVariableAccess`): traced in an optimized ResNet-50 step at batch
-654, 36 reads of momentum slots allocated 160.6 MB of copies among the
-activations, chunks the simulator did not have. So a `DisableCopyOnRead` of the
+(`EnsureSparseVariableAccess`): reads of momentum slots would allocate copies
+among the activations, chunks the simulator does not have. So a `DisableCopyOnRead` of the
 variable follows each such assignment, and whatever waited on the assignment
 waits on it: reads return the variable's own buffer again, as in the original
 step.
@@ -25,10 +23,8 @@ step.
 An update (`AssignAddVariableOp`, `AssignSubVariableOp`) writes in place unless
 its variable is in copy-on-read mode, which a sparse op puts it in (an
 embedding's `ResourceGather`, every step): then it copies the variable to a new
-buffer first. Traced in the lstm example optimized for 70 MB in a 90 MB arena,
-its two [1000, 256] embeddings moved every step, into chunks of 0.98 to
-1.88 MiB, and the step's peak alternated 63.6 / 66.1 MB from call to call. So
-each update of a variable a sparse op reaches is preceded by a
+buffer first, so an embedding moves every step and the step's peak with it.
+So each update of a variable a sparse op reaches is preceded by a
 `DisableCopyOnRead` of it (`<update>/seqmem_copy_on_read_off_before`), which
 waits on the update's value and control inputs (and so on the gradient, after
 the forward pass's sparse reads).

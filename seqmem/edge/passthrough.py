@@ -6,8 +6,7 @@ function) through its loop, where they are loop invariants: the body returns
 its argument as it got it. TensorFlow passes such a tensor along without a copy,
 so the output shares the input's buffer (a variable's, for a weight read). The
 simulator sees a call or a loop as one node and would count each such output
-as a new buffer: for the lstm example (two layers of 256 units) 6 MB that no
-step allocates.
+as a new buffer, which no step allocates.
 
 An output passes input `i` through when the function's (or the loop body's)
 return value traces back to argument `i` through identities (Identity,

@@ -7,9 +7,8 @@ executor: expensive above 8000 cycles; the average of an op it runs inline is
 still updated on about one run in 16), so ops that cost about that much switch
 between the two from call to call. With them changes the order of an
 iteration's independent ops, which of them frees a buffer first, and which free
-chunks the requests after get: in the NMT step at batch 223 with every loop
-list swapped, the order of the encoder's gradient body differed between calls
-even after six warm-up calls.
+chunks the requests after get, in any call, however many calls warmed the step
+up.
 
 Pinned, every node of each loop body (inline ones too: a reader that runs
 earlier frees its input earlier) waits by a control edge for the node before it

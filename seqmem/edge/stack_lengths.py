@@ -4,8 +4,8 @@ A decoder's outputs leave its loop as a TensorArray, stacked into one tensor
 (`TensorListStack`) whose leading dimension TensorFlow's shape inference does
 not know: nothing tells it the loop's trip count. Every tensor computed from
 it (the transposed logits, the cross-entropy's input, their gradients) then
-has an unknown size, which the simulator would count as 0 bytes: at the NMT
-benchmark's batch 223, several copies of its [50, 223, 1000] logits.
+has an unknown size, which the simulator would count as 0 bytes: several
+copies of a decoder's [time, batch, vocabulary] logits.
 
 `seqmem.edge.capture` knows such a list's length (its loop's trip count). Here
 a copy of the step's GraphDef gets that length as each stack's `num_elements`

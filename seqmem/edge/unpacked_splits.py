@@ -6,11 +6,8 @@ when it splits four ways or more and its input is of middling size
 and `num_split * 180 * 1024` elements). Intra-op threads then ask the allocator
 for the outputs' buffers in whatever order they happen to run, so the same step
 gets other free chunks from one call to the next, and every later request with
-them. An LSTM cell splits its gates four ways: in the NMT step at batch 223
-(gates [223, 1024]) an allocation trace shows the cells' `split` outputs
-allocated on the intra-op threads; with the executor's order inside loop
-bodies (`seqmem.edge.pinned_bodies`) they moved the step's peak by up to 11%
-between steps of one process.
+them. An LSTM cell splits its gates four ways, so the peak of a step with
+LSTM cells can move from one call to the next.
 
 `Unpack` of the input reshaped to [..., num_split, size / num_split, ...]
 returns the same outputs, copies of the same elements, bit for bit, and its
@@ -18,8 +15,8 @@ kernel allocates them one after another in output order. It is one node making
 every output at once, as the simulator models a `Split`, so predictions do not
 change; the reshape is a view. The unpack keeps the split's name, so every
 reference to an output stays valid. The reshape's target may leave one size
-unknown (-1): that of the dimension the split divides (the NMT decoder's cell,
-whose gates are [223, ?] in its loop body), or that of another one. A split
+unknown (-1): that of the dimension the split divides (a decoder cell's gates in
+its loop body), or that of another one. A split
 whose input's rank is unknown, or which has more than one dimension of unknown
 size, is left as it is; so are `SplitV` (uneven sizes), and splits under four
 ways, which allocate in order.

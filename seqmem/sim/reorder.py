@@ -5,8 +5,8 @@ together run one after the other in graph order. Two branches that read the
 same gradient then interleave: ResNet-50's first bottleneck ran its main and
 its shortcut batch-norm gradients back to back, so the main branch's output
 gradient waited, beside the shortcut's restored input and its own output
-gradient, for the main branch's convolution gradients (four 163.5 MiB tensors
-at batch 654). Finishing one branch first holds three.
+gradient, for the main branch's convolution gradients (four tensors of one
+size). Finishing one branch first holds three.
 
 `refine_order` looks at what is live at the simulated peak and tries, for the
 largest of those tensors,

@@ -53,8 +53,7 @@ Model (that of TensorFlow's executor with a BFC allocator):
 
 Linear in the size of the graph: one pass over `order` (two with the "bfc"
 model), plus, per loop, its iterations (one for a loop that fills no list) times its
-body's buffers (the tfa NMT step at T = 400, batch 32: 0.70 s a simulation, 0.41 s
-without the iterations replayed).
+body's buffers.
 """
 
 from __future__ import annotations
@@ -146,118 +145,58 @@ def simulate(
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations,
          default_device) -> MemoryTrace:
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
-    swap_ins_before: dict[int, list[TensorRef]] = {}
-    swap_outs_after: dict[int, list[TensorRef]] = {}
-    handles_after: dict[int, list[SwapEvent]] = {}  # by the producer's step
-    for ref, event in swap_by_tensor.items():
-        swap_ins_before.setdefault(position[event.in_before], []).append(ref)
-        swap_outs_after.setdefault(position[event.out_after], []).append(ref)
-        if event.handle_bytes:
-            handles_after.setdefault(position[ref.node], []).append(event)
-
-    graph_outputs = set(graph.outputs)
-    buffer_of: dict[TensorRef, _Buffer] = {}
-    copy_of: dict[TensorRef, _Buffer] = {}
-    resident: dict[TensorRef, int] = {}  # handles of compressed copies
-    host_handles: dict[TensorRef, int] = {}  # allocator handles of the host copies' device handles
-    buffers: list[_Buffer] = []
-    timelines: dict[str, list[int]] = {}
-    unknown: list[TensorRef] = []
-
-    consumers = graph.consumers
-
-    def reads(ref: TensorRef, late: bool) -> int:
-        """Readers of `ref` that read the original (late=False) or the swapped-in copy."""
-        event = swap_by_tensor.get(ref)
-        if event is None:
-            return 0 if late else len(consumers(ref))
-        cut = position[event.in_before]
-        return sum(1 for r in consumers(ref) if (position[r] >= cut) == late)
-
-    def read_buffer(ref: TensorRef, step: int) -> _Buffer | None:
-        """The buffer a node at `step` reads `ref` in: the restored copy once it is back."""
-        event = swap_by_tensor.get(ref)
-        if event is not None and step >= position[event.in_before]:
-            return copy_of[ref]
-        return buffer_of.get(ref)
-
-    def release(buffer: _Buffer, step: int) -> None:
-        buffer.pending -= 1
-        if buffer.pending == 0 and not buffer.persistent:
-            if buffer.size:
-                memories[buffer.device].free(buffer.handle, buffer.size)
-            buffer.end = step
-
-    nodes, short_devices = graph.nodes, {}
+    run = _Pass(graph, position, swap_by_tensor, memories, allocator, default_device)
     for step, name in enumerate(order):
-        node = nodes[name]
-        device = short_devices.get(node.device)
-        if device is None:
-            device = short_devices[node.device] = timeline_name(node.device, default_device)
-        if device not in memories:
-            memories[device] = DeviceMemory(*allocator)
-        memory = memories[device]
-        if node.resource_bytes:
-            memory.allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
-
-        restoring = []  # (device memory, handle, bytes) freed once this step is counted
-        for ref in swap_ins_before.get(step, ()):
-            original = buffer_of[ref]
-            copy = _Buffer(original.size, original.device, ref, False, step, original.pieces)
-            copy.pending = reads(ref, late=True)
-            copy_of[ref] = copy
-            buffers.append(copy)
-            copy_memory = memories[copy.device]
-            copy.handle = copy_memory.allocate(copy.size, copy.pieces)
-            event = swap_by_tensor[ref]
-            if ref in host_handles:  # read by the restoring node alone, freed as it finishes
-                memories[original.device].free(host_handles.pop(ref), event.handle_bytes)
-            if event.restore_bytes:
-                restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
-            if ref in resident:
-                restoring.append((copy_memory, resident.pop(ref), event.resident_bytes))
-
-        # a loop's carried values: the loop's outputs take their place once the first iteration ran
-        carried = _carried_inputs(node, buffer_of, swap_by_tensor) if node.op in FUNCTIONAL_LOOP_OPS else ()
-        for index in carried:
-            release(buffer_of[node.inputs[index]], step)
-
-        new_buffers = []
-        filled = []  # lists this loop fills, an element per iteration
-        persistent = node.persistent
-        for index, info in enumerate(node.outputs):
-            ref = TensorRef(name, index)
-            size = info.size_bytes
-            if size is None:
-                unknown.append(ref)
-                size = 0
-            if ref in swap_by_tensor:
-                pending = reads(ref, late=False) + 1 + (ref in graph_outputs)
-            else:
-                pending = len(consumers(ref)) + (ref in graph_outputs)
-            source = None if node.folded else view_source(node, index)  # a folded node is a Const of its own
-            shared = read_buffer(source, step) if source is not None else None
-            if shared is None and not node.folded and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
-                shared = _forwardable_input(node, _overwritable(node, index), size, buffer_of, swap_by_tensor,
-                                            graph_outputs)
-            if shared is not None:
-                shared.pending += pending
-                buffer_of[ref] = shared
-                continue
-            buffer = _Buffer(size, device, ref, persistent, step, _pieces(info, size))
-            buffer.pending = pending
-            buffer_of[ref] = buffer
-            buffers.append(buffer)
-            new_buffers.append(buffer)
-            if buffer.persistent:
-                memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
-            elif node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
-                filled.append((index, buffer))
-            elif size:
-                buffer.handle = memory.allocate(size, buffer.pieces)
-
-        scratch = scratch_bytes.get(name, 0)
+        node = graph.nodes[name]
         iteration = iterations.get(name) if node.op in FUNCTIONAL_LOOP_OPS else None
+        run.step(step, node, scratch_bytes.get(name, 0), iteration)
+    return run.trace(order)
+
+
+class _Pass:
+    """The state of one pass over a schedule: every tensor's buffer, the restored copies, and the live bytes
+    per device after each step. `step` runs one node: restores due before it, its outputs placed (or
+    sharing an input's buffer), its scratch held while it runs, the live bytes recorded, then its inputs
+    released and the swaps due after it made."""
+
+    def __init__(self, graph: Graph, position: Mapping[str, int], swap_by_tensor: Mapping[TensorRef, SwapEvent],
+                 memories: dict[str, DeviceMemory], allocator: tuple, default_device: str) -> None:
+        self.graph, self.position, self.swap_by_tensor = graph, position, swap_by_tensor
+        self.memories, self.allocator, self.default_device = memories, allocator, default_device
+        self.swap_ins_before: dict[int, list[TensorRef]] = {}
+        self.swap_outs_after: dict[int, list[TensorRef]] = {}
+        self.handles_after: dict[int, list[SwapEvent]] = {}  # by the producer's step
+        for ref, event in swap_by_tensor.items():
+            self.swap_ins_before.setdefault(position[event.in_before], []).append(ref)
+            self.swap_outs_after.setdefault(position[event.out_after], []).append(ref)
+            if event.handle_bytes:
+                self.handles_after.setdefault(position[ref.node], []).append(event)
+        self.graph_outputs = set(graph.outputs)
+        self.buffer_of: dict[TensorRef, _Buffer] = {}
+        self.copy_of: dict[TensorRef, _Buffer] = {}
+        self.resident: dict[TensorRef, int] = {}  # handles of compressed copies
+        self.host_handles: dict[TensorRef, int] = {}  # allocator handles of the host copies' device handles
+        self.buffers: list[_Buffer] = []
+        self.timelines: dict[str, tuple[list[int], list[int]]] = {}
+        self.unknown: list[TensorRef] = []
+        self._short_devices: dict[str, str] = {}
+
+    def step(self, step: int, node, scratch: int, iteration: Iteration | None) -> None:
+        device = self._short_devices.get(node.device)
+        if device is None:
+            device = self._short_devices[node.device] = timeline_name(node.device, self.default_device)
+        if device not in self.memories:
+            self.memories[device] = DeviceMemory(*self.allocator)
+        memory = self.memories[device]
+        if node.resource_bytes:
+            memory.allocate_persistent(TensorRef(node.name, -1), node.resource_bytes, before_step=True)
+        restoring = self._restore(step)
+        # a loop's carried values: the loop's outputs take their place once the first iteration ran
+        carried = (_carried_inputs(node, self.buffer_of, self.swap_by_tensor)
+                   if node.op in FUNCTIONAL_LOOP_OPS else ())
+        for index in carried:
+            self._release(self.buffer_of[node.inputs[index]], step)
+        new_buffers, filled = self._outputs(step, node, device, memory)
         replayed = None
         if iteration is not None:
             replayed = replay(memory.model, iteration, {index: (b.size, b.pieces) for index, b in filled},
@@ -272,44 +211,128 @@ def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_by
                 buffer.handle = handle
         body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
         scratch_handle = memory.allocate(scratch, _piece_count(scratch) if body else 1) if scratch else None
-        for dev, other in memories.items():
-            if dev not in timelines:
-                timelines[dev] = ([0] * step, [0] * step)
-            live, tensor_live = timelines[dev]
-            in_use, tensors = other.model.in_use_bytes, other.tensor_bytes
-            if replayed is not None and other is memory:
-                in_use, tensors = max(in_use, replayed.peak_in_use_bytes), max(tensors, replayed.peak_tensor_bytes)
-            live.append(in_use - other.persistent_bytes)
-            tensor_live.append(tensors - other.tensor_persistent_bytes)
+        self._record(step, memory, replayed)
         if scratch_handle is not None:
             memory.free(scratch_handle, scratch)
         for held, handle, size in restoring:
             held.free(handle, size)
-
         for index, ref in enumerate(node.inputs):
-            if index in carried:
-                continue
-            release(read_buffer(ref, step), step)
+            if index not in carried:
+                self._release(self._read_buffer(ref, step), step)
         for buffer in new_buffers:
             if buffer.pending == 0 and not buffer.persistent:
                 if buffer.size:
                     memory.free(buffer.handle, buffer.size)
                 buffer.end = step
-        for ref in swap_outs_after.get(step, ()):
-            release(buffer_of[ref], step)
-            size = swap_by_tensor[ref].resident_bytes
+        for ref in self.swap_outs_after.get(step, ()):
+            self._release(self.buffer_of[ref], step)
+            size = self.swap_by_tensor[ref].resident_bytes
             if size:
-                resident[ref] = memories[buffer_of[ref].device].allocate(size)
-        for event in handles_after.get(step, ()):  # the swap-out runs once the producer is done
-            host_handles[event.tensor] = memory.allocate(event.handle_bytes)
+                self.resident[ref] = self.memories[self.buffer_of[ref].device].allocate(size)
+        for event in self.handles_after.get(step, ()):  # the swap-out runs once the producer is done
+            self.host_handles[event.tensor] = memory.allocate(event.handle_bytes)
 
-    return MemoryTrace(
-        order=tuple(order),
-        devices=_timelines(timelines, memories, buffers, len(order)),
-        unknown_size=tuple(unknown),
-        buffer_of={ref: buffer.owner for ref, buffer in buffer_of.items()},
-        lifetimes={b.owner: (b.start, b.end) for b in buffers if copy_of.get(b.owner) is not b},
-    )
+    def trace(self, order: Sequence[str]) -> MemoryTrace:
+        return MemoryTrace(
+            order=tuple(order),
+            devices=_timelines(self.timelines, self.memories, self.buffers, len(order)),
+            unknown_size=tuple(self.unknown),
+            buffer_of={ref: buffer.owner for ref, buffer in self.buffer_of.items()},
+            lifetimes={b.owner: (b.start, b.end) for b in self.buffers if self.copy_of.get(b.owner) is not b},
+        )
+
+    def _reads(self, ref: TensorRef, late: bool) -> int:
+        """Readers of `ref` that read the original (late=False) or the swapped-in copy."""
+        event = self.swap_by_tensor.get(ref)
+        if event is None:
+            return 0 if late else len(self.graph.consumers(ref))
+        cut = self.position[event.in_before]
+        return sum(1 for r in self.graph.consumers(ref) if (self.position[r] >= cut) == late)
+
+    def _read_buffer(self, ref: TensorRef, step: int) -> _Buffer | None:
+        """The buffer a node at `step` reads `ref` in: the restored copy once it is back."""
+        event = self.swap_by_tensor.get(ref)
+        if event is not None and step >= self.position[event.in_before]:
+            return self.copy_of[ref]
+        return self.buffer_of.get(ref)
+
+    def _release(self, buffer: _Buffer, step: int) -> None:
+        buffer.pending -= 1
+        if buffer.pending == 0 and not buffer.persistent:
+            if buffer.size:
+                self.memories[buffer.device].free(buffer.handle, buffer.size)
+            buffer.end = step
+
+    def _restore(self, step: int) -> list[tuple[DeviceMemory, int, int]]:
+        """Bring back the copies due before `step`; returns what their restores hold besides the copies
+        (device memory, handle, bytes), freed once the step is counted."""
+        restoring = []
+        for ref in self.swap_ins_before.get(step, ()):
+            original = self.buffer_of[ref]
+            copy = _Buffer(original.size, original.device, ref, False, step, original.pieces)
+            copy.pending = self._reads(ref, late=True)
+            self.copy_of[ref] = copy
+            self.buffers.append(copy)
+            copy_memory = self.memories[copy.device]
+            copy.handle = copy_memory.allocate(copy.size, copy.pieces)
+            event = self.swap_by_tensor[ref]
+            if ref in self.host_handles:  # read by the restoring node alone, freed as it finishes
+                self.memories[original.device].free(self.host_handles.pop(ref), event.handle_bytes)
+            if event.restore_bytes:
+                restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
+            if ref in self.resident:
+                restoring.append((copy_memory, self.resident.pop(ref), event.resident_bytes))
+        return restoring
+
+    def _outputs(self, step: int, node, device: str, memory: DeviceMemory
+                 ) -> tuple[list[_Buffer], list[tuple[int, _Buffer]]]:
+        """Place `node`'s outputs: in an input's buffer where they are its view or overwrite it, else in new
+        buffers. Returns the new buffers, and the lists a loop fills (by output index), placed with its body."""
+        new_buffers, filled = [], []
+        for index, info in enumerate(node.outputs):
+            ref = TensorRef(node.name, index)
+            size = info.size_bytes
+            if size is None:
+                self.unknown.append(ref)
+                size = 0
+            if ref in self.swap_by_tensor:
+                pending = self._reads(ref, late=False) + 1 + (ref in self.graph_outputs)
+            else:
+                pending = len(self.graph.consumers(ref)) + (ref in self.graph_outputs)
+            source = None if node.folded else view_source(node, index)  # a folded node is a Const of its own
+            shared = self._read_buffer(source, step) if source is not None else None
+            if shared is None and not node.folded and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
+                shared = _forwardable_input(node, _overwritable(node, index), size, self.buffer_of,
+                                            self.swap_by_tensor, self.graph_outputs)
+            if shared is not None:
+                shared.pending += pending
+                self.buffer_of[ref] = shared
+                continue
+            buffer = _Buffer(size, device, ref, node.persistent, step, _pieces(info, size))
+            buffer.pending = pending
+            self.buffer_of[ref] = buffer
+            self.buffers.append(buffer)
+            new_buffers.append(buffer)
+            if buffer.persistent:
+                memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
+            elif node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
+                filled.append((index, buffer))
+            elif size:
+                buffer.handle = memory.allocate(size, buffer.pieces)
+        return new_buffers, filled
+
+    def _record(self, step: int, memory: DeviceMemory, replayed) -> None:
+        """Every device's live bytes while the node at `step` runs on `memory` (a replayed loop: the most
+        its iterations held)."""
+        for device, other in self.memories.items():
+            if device not in self.timelines:
+                self.timelines[device] = ([0] * step, [0] * step)
+            live, tensor_live = self.timelines[device]
+            in_use, tensors = other.model.in_use_bytes, other.tensor_bytes
+            if replayed is not None and other is memory:
+                in_use, tensors = max(in_use, replayed.peak_in_use_bytes), max(tensors, replayed.peak_tensor_bytes)
+            live.append(in_use - other.persistent_bytes)
+            tensor_live.append(tensors - other.tensor_persistent_bytes)
 
 
 def body_pieces(size: int) -> tuple[int, ...]:
