@@ -48,11 +48,11 @@ _HOME = {
     "SwapPlan": "seqmem.swap.plan",
     "OptimizedStep": "seqmem.runtime.optimized_step",
     "optimize": "seqmem.runtime.optimize",
-    "MemoryEfficientBahdanauAttention": "seqmem.attention",
-    "MemoryEfficientLSTM": "seqmem.recurrent",
-    "MemoryEfficientGRU": "seqmem.recurrent",
-    "projected_mean_cross_entropy": "seqmem.softmax_loss",
-    "projected_sparse_cross_entropy": "seqmem.softmax_loss",
+    "MemoryEfficientBahdanauAttention": "seqmem.layers.attention",
+    "MemoryEfficientLSTM": "seqmem.layers.recurrent",
+    "MemoryEfficientGRU": "seqmem.layers.recurrent",
+    "projected_mean_cross_entropy": "seqmem.layers.softmax_loss",
+    "projected_sparse_cross_entropy": "seqmem.layers.softmax_loss",
 }
 _MODULES = {"device": "seqmem.device", "keras": "seqmem.keras"}
 

@@ -5,7 +5,7 @@ import sys
 
 CORE = ["seqmem", "seqmem.ir", "seqmem.ir.graph", "seqmem.ir.op_tables", "seqmem.anatomy", "seqmem.critical_path",
         "seqmem.analysis", "seqmem.sim.simulator", "seqmem.sim.allocator", "seqmem.sim.scratch", "seqmem.sim.schedule",
-        "seqmem.plan", "seqmem.swap.plan", "seqmem.swap.triggers", "seqmem.swap.rewrite", "seqmem.errors",
+        "seqmem.plan", "seqmem.layers", "seqmem.swap.plan", "seqmem.swap.triggers", "seqmem.swap.rewrite", "seqmem.errors",
         "seqmem.units", "seqmem.cli"]
 
 

@@ -11,7 +11,7 @@ a fresh process, real OOM), the largest batch that trains two full steps under
                 feature maps)
     efficient   seqmem.MemoryEfficientLSTM: gates recomputed in backward
     both        efficient, and seqmem.optimize (its loops' accumulators swapped)
-    loss        base with seqmem's blocked softmax cross-entropy (seqmem.softmax_loss)
+    loss        base with seqmem's blocked softmax cross-entropy (seqmem.layers.softmax_loss)
     swap-loss   swap and the blocked loss
     all         efficient, the blocked loss and seqmem.optimize
 

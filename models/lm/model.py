@@ -42,7 +42,7 @@ class LanguageModel:
         """[batch, steps] cross-entropy (nats) of each target word given the words before it."""
         import tensorflow as tf
 
-        from seqmem.softmax_loss import projected_sparse_cross_entropy
+        from seqmem.layers.softmax_loss import projected_sparse_cross_entropy
 
         features = self.body(inputs, training=training)
         if self.loss == "efficient":
@@ -53,7 +53,7 @@ class LanguageModel:
         """Mean cross-entropy (nats) over the batch's target words, in training."""
         import tensorflow as tf
 
-        from seqmem.softmax_loss import projected_mean_cross_entropy
+        from seqmem.layers.softmax_loss import projected_mean_cross_entropy
 
         if self.loss == "efficient":
             features = self.body(inputs, training=True)
@@ -88,7 +88,7 @@ def language_model(layers: int, units: int, vocab: int, cells: str = "keras", lo
     """
     import tensorflow as tf
 
-    from seqmem.recurrent import MemoryEfficientLSTM
+    from seqmem.layers.recurrent import MemoryEfficientLSTM
 
     if cells not in CELLS or loss not in LOSSES or optimizer not in OPTIMIZERS:
         raise ValueError(f"cells must be one of {CELLS}, loss one of {LOSSES} and optimizer one of "

@@ -10,7 +10,7 @@ process, real OOM), the largest batch that trains two full steps under
     efficient   seqmem's MemoryEfficientBahdanauAttention
     both        efficient attention and swapping
     cells       seqmem's MemoryEfficientLSTM (encoder) and MemoryEfficientLSTMCell (decoder)
-    loss        seqmem's blocked softmax cross-entropy (seqmem.softmax_loss)
+    loss        seqmem's blocked softmax cross-entropy (seqmem.layers.softmax_loss)
     all         efficient attention, efficient cells, the blocked loss and swapping
 
 and, at B_base for every variant (in an arena of twice the budget, so a step over

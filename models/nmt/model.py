@@ -6,7 +6,7 @@ cells or seqmem's memory-efficient ones (same weights, recomputed in backward),
 `BasicDecoder` + `TrainingSampler` for teacher-forced training, greedy and
 beam-search decoding for inference, and a masked cross-entropy loss, over Keras'
 full [B, T, V] logits or block by block from the decoder's outputs
-(`seqmem.softmax_loss`, same projection weights).
+(`seqmem.layers.softmax_loss`, same projection weights).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 import tensorflow_addons as tfa
 
-from seqmem.attention import MemoryEfficientBahdanauAttention
-from seqmem.recurrent import MemoryEfficientLSTM, MemoryEfficientLSTMCell
-from seqmem.softmax_loss import projected_sparse_cross_entropy
+from seqmem.layers.attention import MemoryEfficientBahdanauAttention
+from seqmem.layers.recurrent import MemoryEfficientLSTM, MemoryEfficientLSTMCell
+from seqmem.layers.softmax_loss import projected_sparse_cross_entropy
 
 __all__ = ["ATTENTIONS", "CELLS", "LOSSES", "NMTConfig", "NMTModel", "make_train_step", "masked_cross_entropy",
            "masked_mean"]
@@ -35,7 +35,7 @@ LOSSES = ("keras", "efficient")
 class NMTConfig:
     """Model sizes. attention: "tfa" or "efficient"; cells: "keras" or "efficient" (encoder and decoder);
     loss: "keras" (the decoder projects every step to logits) or "efficient" (`token_losses` projects the
-    decoder's outputs block by block, `seqmem.softmax_loss`)."""
+    decoder's outputs block by block, `seqmem.layers.softmax_loss`)."""
 
     source_vocab: int = 1000
     target_vocab: int = 1000

@@ -36,7 +36,7 @@ def _parse(argv):
     parser.add_argument("--cells", choices=("keras", "efficient"), default="keras",
                         help="Keras' LSTM layers and cells, or seqmem's memory-efficient ones (same weights)")
     parser.add_argument("--loss", choices=("keras", "efficient"), default="keras",
-                        help="cross-entropy over the full logits, or block by block (seqmem.softmax_loss)")
+                        help="cross-entropy over the full logits, or block by block (seqmem.layers.softmax_loss)")
     parser.add_argument("--vocab-size", type=int, default=8000, help="cap on each vocabulary, special tokens included")
     parser.add_argument("--max-length", type=int, default=50, help="drop training pairs longer than this (tokens)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)

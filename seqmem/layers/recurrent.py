@@ -3,7 +3,7 @@
 Autodiff through `tf.keras.layers.LSTM` keeps, for every time step, what the
 gradient of each op needs: gates, states and the cell state's tanh (seven
 [batch, units] tensors a step in Keras' step-by-step loop; the GRU six, as
-`_saved_bytes_per_step` in tests/test_recurrent.py counts them at 256
+`_saved_bytes_per_step` in tests/layers/test_recurrent.py counts them at 256
 units). Here a step is one `tf.custom_gradient` function of (input, states)
 whose backward runs the step again under a tape, so the loop
 keeps only the step's input and incoming states (two tensors and the input for
@@ -21,7 +21,7 @@ outputs are Keras', so a checkpoint written with one loads into the other. The
 GRU always runs the cell step by step in Keras' generic RNN loop (not its fused
 `standard_gru`/cuDNN function), which seqmem's loop rewrites can see. The LSTM
 does so where the inputs have a mask or are ragged, or with `go_backwards`,
-`stateful` or `unroll`; otherwise it runs `seqmem.lstm_sequence`, which keeps
+`stateful` or `unroll`; otherwise it runs `seqmem.layers.lstm_sequence`, which keeps
 the same (inputs, h and c of every step) and does the products that do not wait
 on the recurrence for blocks of steps at once (throughput against Keras' LSTM:
 `python -m models.lm.benchmark`, docs/results.md). Dropout and recurrent dropout are not supported
@@ -38,7 +38,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from seqmem.lstm_sequence import lstm_sequence
+from seqmem.layers.lstm_sequence import lstm_sequence
 
 __all__ = ["MemoryEfficientGRU", "MemoryEfficientGRUCell", "MemoryEfficientLSTM", "MemoryEfficientLSTMCell"]
 
@@ -172,7 +172,7 @@ class MemoryEfficientLSTM(_RecomputedLoop, tf.keras.layers.LSTM):
     """Drop-in for `tf.keras.layers.LSTM` (same arguments, weights and outputs) that recomputes each step's
     gates in backward instead of storing them. Raises ValueError for nonzero dropout rates.
 
-    Dense inputs without a mask run `seqmem.lstm_sequence` (input-side products in blocks of steps); a
+    Dense inputs without a mask run `seqmem.layers.lstm_sequence` (input-side products in blocks of steps); a
     mask, ragged inputs, `go_backwards`, `stateful` or `unroll` run the memory-efficient cell step by step in
     Keras' loop."""
 

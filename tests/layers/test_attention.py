@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_addons as tfa
 
-from seqmem.attention import MemoryEfficientBahdanauAttention
+from seqmem.layers.attention import MemoryEfficientBahdanauAttention
 
 BATCH, SOURCE_LEN, TARGET_LEN, UNITS, VOCAB = 3, 7, 5, 8, 11
 

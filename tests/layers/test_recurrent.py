@@ -1,4 +1,4 @@
-"""seqmem.recurrent: drop-in LSTM/GRU layers that recompute each step's gates in backward."""
+"""seqmem.layers.recurrent: drop-in LSTM/GRU layers that recompute each step's gates in backward."""
 
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import tensorflow as tf
 import tensorflow_addons as tfa
 
 from seqmem.edge.loop_swap import loop_accumulators
-from seqmem.lstm_sequence import _blocks
+from seqmem.layers.lstm_sequence import _blocks
 from seqmem.runtime.optimize import optimize
-from seqmem.recurrent import MemoryEfficientGRU, MemoryEfficientGRUCell, MemoryEfficientLSTM, MemoryEfficientLSTMCell
+from seqmem.layers.recurrent import MemoryEfficientGRU, MemoryEfficientGRUCell, MemoryEfficientLSTM, MemoryEfficientLSTMCell
 
 PAIRS = [(tf.keras.layers.LSTM, MemoryEfficientLSTM), (tf.keras.layers.GRU, MemoryEfficientGRU)]
 
@@ -21,7 +21,7 @@ def _outputs_and_gradients(layer, inputs, mask=None):
     return [o.numpy() for o in outputs], [g.numpy() for g in tape.gradient(loss, [inputs, *layer.trainable_variables])]
 
 
-# no option: the LSTM runs seqmem.lstm_sequence; a mask or go_backwards: the memory-efficient cell step by step
+# no option: the LSTM runs seqmem.layers.lstm_sequence; a mask or go_backwards: the memory-efficient cell step by step
 @pytest.mark.parametrize("options", [{}, {"mask": True}, {"go_backwards": True}])
 @pytest.mark.parametrize("keras_class, efficient_class", PAIRS)
 def test_same_weights_outputs_and_gradients_as_keras(keras_class, efficient_class, options):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from seqmem.softmax_loss import projected_mean_cross_entropy, projected_sparse_cross_entropy
+from seqmem.layers.softmax_loss import projected_mean_cross_entropy, projected_sparse_cross_entropy
 
 BATCH, STEPS, UNITS, VOCAB = 3, 5, 4, 13
 

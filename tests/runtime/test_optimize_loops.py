@@ -111,7 +111,7 @@ def test_keras_lstm_loops_swapped_fit_a_budget_the_step_exceeds():
 
 def _recurrent_layers(name):
     """(layers, forward loops they run)."""
-    from seqmem.recurrent import MemoryEfficientGRU, MemoryEfficientLSTM
+    from seqmem.layers.recurrent import MemoryEfficientGRU, MemoryEfficientLSTM
 
     if name == "memory-efficient GRU x2":  # top-level loops
         return [MemoryEfficientGRU(64, return_sequences=True) for _ in range(2)], 2

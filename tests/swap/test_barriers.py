@@ -94,7 +94,7 @@ def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
 
     from seqmem.analysis import analyze_graph, without_barriers
     from seqmem.edge import capture
-    from seqmem.softmax_loss import projected_mean_cross_entropy
+    from seqmem.layers.softmax_loss import projected_mean_cross_entropy
 
     kernel = tf.Variable(tf.ones([4, 7]))
     dense = tf.Variable(tf.ones([4, 4]))
