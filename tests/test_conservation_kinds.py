@@ -14,6 +14,7 @@ from seqmem.plan.search import cheapest_helpful
 from seqmem.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
+from seqmem.swap.kinds import Recompute, kind_named
 from seqmem.swap.plan import KINDS, ConservationOptions, SwapDecision, SwapPlan
 from seqmem.swap.rewrite import rewrite
 from tests.builders import IdentityBackend, graph, node, tensor
@@ -61,9 +62,9 @@ def test_recompute_reruns_a_cheap_op_from_a_tensor_the_device_keeps_anyway():
     _, plan = _plan(g, 0.8, ConservationOptions(kinds=("recompute",)))
     assert plan.feasible and plan.decisions
     recomputed = {d.tensor.node: d for d in plan.decisions}
-    assert set(recomputed) <= {"r1", "r2", "r3", "r4"} and all(d.kind == "recompute" for d in plan.decisions)
+    assert set(recomputed) <= {"r1", "r2", "r3", "r4"} and all(d.kind.name == "recompute" for d in plan.decisions)
     decision = next(iter(plan.decisions))
-    assert decision.recompute == (decision.tensor.node,) and decision.precision == "exact"
+    assert decision.kind.nodes == (decision.tensor.node,) and decision.precision == "exact"
     assert decision.saved_bytes == MB and decision.cost_s > 0 and decision.transfer_s == 0
     new = rewrite(g, plan, IdentityBackend())
     new.validate()
@@ -76,12 +77,12 @@ def test_recompute_reruns_a_cheap_op_from_a_tensor_the_device_keeps_anyway():
 def test_lossless_kinds_swap_what_hides_its_transfer_and_recompute_what_cannot():
     g = relu_net(layers=6)
     hidden = _plan(g, 0.6, LOSSLESS)[1]
-    assert {d.kind for d in hidden.decisions} == {"swap"}  # free: the transfers hide behind computation
+    assert {d.kind.name for d in hidden.decisions} == {"swap"}  # free: the transfers hide behind computation
     slow_host = MachineModel(host_bytes_per_s=1e6)
     analysis = analyze_graph(g, machine=slow_host)
     budget = int(0.8 * hidden.predicted_peak_before_bytes)
     plan = _fitting(analysis, budget, allocator="exact", machine=slow_host, options=LOSSLESS)
-    assert {d.kind for d in plan.decisions} == {"recompute"}
+    assert {d.kind.name for d in plan.decisions} == {"recompute"}
     with pytest.raises(InfeasibleBudgetError):
         _fitting(analysis, budget, allocator="exact", machine=slow_host, options=ConservationOptions(kinds=("swap",)))
 
@@ -94,10 +95,10 @@ def test_where_copies_take_the_computes_own_time_swaps_cost_their_transfer_and_r
     serial_machine = MachineModel(host_bytes_per_s=1e9, copies_overlap=False)
     serial = _fitting(analysis, budget, allocator="exact", machine=serial_machine, options=EVERY_KIND)
     assert overlapping.feasible and serial.feasible
-    assert {d.kind for d in overlapping.decisions} == {"swap"}  # hidden behind computation: free
-    assert "swap" not in {d.kind for d in serial.decisions}  # costs its whole transfer: compressing is cheaper
+    assert {d.kind.name for d in overlapping.decisions} == {"swap"}  # hidden behind computation: free
+    assert "swap" not in {d.kind.name for d in serial.decisions}  # costs its whole transfer: compressing is cheaper
     swapped = _fitting(analysis, budget, allocator="exact", machine=serial_machine, options=LOSSLESS)
-    swaps = [d for d in swapped.decisions if d.kind == "swap"]
+    swaps = [d for d in swapped.decisions if d.kind.name == "swap"]
     assert swaps and all(d.cost_s == pytest.approx(2 * d.transfer_s) for d in swaps)
     # just in time: the swap-in starts after the last backward node that completes before its first reader
     timing, order = analysis.timing, analysis.order
@@ -111,7 +112,7 @@ def test_where_copies_take_the_computes_own_time_swaps_cost_their_transfer_and_r
 def test_compress_keeps_half_on_the_device_and_casts_after_the_forward_readers():
     g = relu_net()
     analysis, compressed = _plan(g, 0.85, ConservationOptions(kinds=("compress",), compression="fp16"))
-    assert compressed.decisions and all(d.kind == "compress" and d.precision == "float16" for d in compressed.decisions)
+    assert compressed.decisions and all(d.kind.name == "compress" and d.precision == "float16" for d in compressed.decisions)
     assert all(d.saved_bytes == MB // 2 and d.resident_bytes == MB // 2 for d in compressed.decisions)
     swapped = _fitting(analysis, compressed.budget_bytes, allocator="exact",
                          options=ConservationOptions(kinds=("swap",), max_decisions=len(compressed.decisions)))
@@ -131,7 +132,7 @@ def test_compress_and_swap_moves_half_the_bytes():
     g = relu_net()
     _, plan = _plan(g, 0.7, ConservationOptions(kinds=("compress+swap",), compression="bfloat16"))
     decision = plan.decisions[0]
-    assert decision.kind == "compress+swap" and decision.saved_bytes == MB
+    assert decision.kind.name == "compress+swap" and decision.saved_bytes == MB
     assert decision.transfer_s == pytest.approx(MachineModel().host_bytes_per_s ** -1 * MB / 2)
     new = rewrite(g, plan, IdentityBackend())
     new.validate()
@@ -237,8 +238,8 @@ def options_of_one_candidate(draw):
     options = []
     for kind in draw(st.permutations(KINDS))[:count]:
         size = 4 * MB
-        decision = SwapDecision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind,
-                                cost_s=draw(st.floats(0, 1e-2)), compressed_dtype="float16" if "compress" in kind else None)
+        decision = SwapDecision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind_named(kind, "float16"),
+                                cost_s=draw(st.floats(0, 1e-2)))
         options.append(Option(decision, in_pos=draw(st.integers(1, 20)), restore_bytes=0))
     return options, draw(st.integers(0, 19)), draw(st.integers(0, 5 * MB))
 
@@ -287,6 +288,6 @@ def test_random_plans_with_every_kind_fit_stay_acyclic_and_are_deterministic(cas
     assert plan.predicted_overhead_s == pytest.approx(sum(d.cost_s for d in plan.decisions))
     rewrite(g, plan, IdentityBackend()).validate()
     conserved = {d.tensor for d in plan.decisions}
-    for decision in plan.decisions:  # what a recomputation reads stays on the device
-        read = {r for name in decision.recompute for r in g.node(name).inputs if r.node not in decision.recompute}
+    for decision in (d for d in plan.decisions if isinstance(d.kind, Recompute)):  # what it reads stays on the device
+        read = {r for name in decision.kind.nodes for r in g.node(name).inputs if r.node not in decision.kind.nodes}
         assert not read & conserved

@@ -70,7 +70,7 @@ def train(depth: int, image_size: int, batch: int, batches: int, steps: int,
         else:
             raise InfeasibleBudgetError(f"no plan under {_FRACTIONS[-1]:.0%} of the predicted peak "
                                         f"({peak / (1 << 20):.1f} MB) with {options}")
-        kinds = sorted({decision.kind for decision in step.plan.decisions})
+        kinds = sorted({decision.kind.name for decision in step.plan.decisions})
     losses = [float(step(*data[i % batches])) for i in range(steps)]
     correct = sum(int(np.sum(np.argmax(model(images, training=False), axis=1) == labels.numpy()))
                   for images, labels in data)

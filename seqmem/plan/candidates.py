@@ -23,7 +23,8 @@ from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.plan.events import restore_bytes
 from seqmem.plan.readers import backward_content_readers, kept_until, last_early_reader
 from seqmem.sim.trace import MemoryTrace
-from seqmem.swap.plan import HOST_KINDS, LOSSY_KINDS, ConservationOptions, SkippedCandidate, SwapDecision
+from seqmem.swap.kinds import HOST_KINDS, LOSSY_KINDS, Recompute, compressed_bytes, kind_named
+from seqmem.swap.plan import ConservationOptions, SkippedCandidate, SwapDecision
 from seqmem.swap.triggers import TriggerIndex
 
 __all__ = ["Candidate", "Option", "conservation_candidates"]
@@ -89,7 +90,7 @@ def conservation_candidates(analysis: StepAnalysis, trace: MemoryTrace, machine:
                                  options, late)
                 if isinstance(option, str):
                     reasons.append(option)
-                elif all(option.decision.trigger != other.decision.trigger or other.decision.kind != kind
+                elif all(option.decision.trigger != other.decision.trigger or other.decision.kind.name != kind
                          for other in kinds):
                     kinds.append(option)
         if kinds:
@@ -184,43 +185,44 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
     (see `_restore_timings`)."""
     graph, timing = analysis.graph, analysis.timing
     first_use_s = timing.start_s[consumers[0]]
-    compressed = (size + 1) // 2
-    cast_s = (size + compressed) / machine.memory_bytes_per_s  # one cast, either way
-    transfer_s = transfer_time_s({"swap": size, "compress+swap": compressed}.get(kind, 0), machine)
-    reads: frozenset[TensorRef] = frozenset()
-    chain: tuple[str, ...] = ()
     if kind in LOSSY_KINDS and graph.tensor(ref).dtype != "float32":
         return f"{graph.tensor(ref).dtype}: only float32 tensors are compressed"
+    reads: frozenset[TensorRef] = frozenset()
+    chain: tuple[str, ...] = ()
     if kind == "recompute":
         found = _recompute_chain(analysis, ref, position[consumers[0]], position)
         if found is None:
             return "not a chain of cheap ops over tensors the device keeps anyway"
         chain, reads = found
+    conserved = kind_named(kind, options.compression, chain)
+    lossy = conserved.precision != "exact"
+    cast_s = (size + compressed_bytes(size)) / machine.memory_bytes_per_s  # one cast, either way
+    transfer_s = transfer_time_s(conserved.host_bytes(size), machine)
+    if isinstance(conserved, Recompute):
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
-        lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if kind in LOSSY_KINDS else 0.0)
+        lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if lossy else 0.0)
     if late:
         trigger, hidden = triggers.last_before(consumers), False
     else:
         trigger, hidden = triggers.choose(consumers, lead_s)
     if trigger is None or position[trigger] <= out_pos:
         return "consumed almost immediately: no step between its uses"
-    if kind in HOST_KINDS and machine.copies_overlap and (late or not hidden) \
+    if conserved.to_host and machine.copies_overlap and (late or not hidden) \
             and first_use_s - timing.completion_s[ref.node] < lead_s:
         return "backward use follows within the transfer time"
-    if kind == "recompute":
+    if isinstance(conserved, Recompute):
         cost_s = lead_s
-    elif kind == "compress":
+    elif not conserved.to_host:  # compressed on the device: a cast each way
         cost_s = 2 * cast_s
     else:
         if machine.copies_overlap:
             copy_s = max(0.0, timing.completion_s[trigger] + lead_s - first_use_s)  # what computation does not hide
         else:
             copy_s = 2 * transfer_s  # out and in, on the compute's own time
-        cost_s = copy_s + (2 * cast_s if kind == "compress+swap" else 0.0)
-    decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=kind, cost_s=cost_s,
-                            compressed_dtype=options.compression if kind in LOSSY_KINDS else None, recompute=chain,
-                            handle_bytes=machine.host_handle_bytes if kind in HOST_KINDS else 0)
+        cost_s = copy_s + (2 * cast_s if lossy else 0.0)
+    decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=conserved, cost_s=cost_s,
+                            handle_bytes=machine.host_handle_bytes if conserved.to_host else 0)
     return Option(decision, position[trigger] + 1, restore_bytes(graph, decision), reads)
 
 

@@ -62,11 +62,5 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
 
 
 def restore_bytes(graph: Graph, decision: SwapDecision) -> int:
-    """Transient device bytes restoring `decision`'s tensor needs besides the copy: the swapped-in
-    compressed copy being cast back, or a recomputed chain's other outputs."""
-    if decision.kind == "compress+swap":
-        return decision.compressed_bytes
-    if decision.kind == "recompute":
-        outputs = sum(info.size_bytes or 0 for name in decision.recompute for info in graph.node(name).outputs)
-        return max(0, outputs - decision.size_bytes)
-    return 0
+    """Transient device bytes restoring `decision`'s tensor needs besides the copy (`Kind.restore_bytes`)."""
+    return decision.kind.restore_bytes(decision.size_bytes, graph)

@@ -94,7 +94,7 @@ def plan_digest(plan: SwapPlan) -> int:
     """A 62-bit digest of what the rewritten step runs: decisions, loop swaps, pinned order, split gradient
     joins and loop bound (not the predictions, which hold each worker's own measurements)."""
     runs = (
-        [(str(d.tensor), d.kind, d.trigger, d.consumers, d.recompute, d.compressed_dtype) for d in plan.decisions],
+        [(str(d.tensor), repr(d.kind), d.trigger, d.consumers) for d in plan.decisions],
         [repr(swap) for swap in plan.loop_swaps],
         plan.pinned_order, plan.split_barriers, plan.loop_parallel_iterations,
     )

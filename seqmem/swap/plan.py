@@ -1,7 +1,7 @@
 """The swap plan: what `seqmem.optimize` decided, as plain data.
 
 A `SwapPlan` lists every conserved tensor with its size, how it is conserved
-(one of `KINDS`: swapped, compressed, both, or recomputed), the backward nodes
+(a kind of `seqmem.swap.kinds`: swapped, compressed, both, or recomputed), the backward nodes
 that read it back, and the trigger node after which it is restored; every loop
 accumulator swapped element by element (`LoopSwap`); the budget; the predicted
 peak before and after; what was skipped and why. The rewriter
@@ -15,21 +15,17 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from seqmem.ir.graph import TensorRef
+from seqmem.swap.kinds import HOST_KINDS, KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
 from seqmem.units import MIB
 
-__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "ConservationOptions", "KINDS", "LoopSwap",
-           "SkippedCandidate", "SwapDecision", "SwapPlan"]
+__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "HOST_KINDS", "KINDS", "LOSSY_KINDS", "ConservationOptions",
+           "LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
 
 # The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
 # it covers the error of the prediction of a pinned step on one stream (`seqmem accuracy` measures it), and
 # calibration measures each plan and plans again for less where one does not fit.
 DEFAULT_SAFETY_MARGIN = 0.05
 
-# How a tensor can be conserved between its forward and backward uses (Janssen et al.'s conservation
-# subgraphs, and recomputation after Checkmate / DTR / Capuchin), lossless kinds first.
-KINDS = ("swap", "recompute", "compress", "compress+swap")
-LOSSY_KINDS = ("compress", "compress+swap")
-HOST_KINDS = ("swap", "compress+swap")  # the kinds that move a copy to host memory
 # What a compressed float32 tensor is cast to, by the names `ConservationOptions.compression` accepts.
 COMPRESSED_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -98,10 +94,7 @@ class ConservationOptions:
 class SwapDecision:
     """Conserve `tensor` after its forward readers, and restore it before `consumers`.
 
-    kind (one of `KINDS`): "swap": copy it to host memory and back; "compress": cast it to
-    `compressed_dtype` on the device (half its bytes stay) and back; "compress+swap": cast it, swap the
-    half-size copy; "recompute": free it and re-run the forward nodes `recompute` (in order) from tensors
-    the device keeps anyway.
+    kind: how (`seqmem.swap.kinds`: `Swap`, `Recompute`, `Compress`, `CompressAndSwap`).
     consumers: the backward nodes that read the restored copy.
     trigger: the node whose completion starts the restoration (a control edge).
     transfer_s: predicted seconds of one device<->host copy of what moves (0 when nothing does).
@@ -116,21 +109,19 @@ class SwapDecision:
     consumers: tuple[str, ...]
     trigger: str
     transfer_s: float
-    kind: str = "swap"
+    kind: Kind = Swap()
     cost_s: float = 0.0
-    compressed_dtype: str | None = None
-    recompute: tuple[str, ...] = ()
     handle_bytes: int = 0
 
     @property
     def compressed_bytes(self) -> int:
-        """Bytes of the tensor cast to `compressed_dtype` (a 16-bit type: half, rounded up)."""
-        return (self.size_bytes + 1) // 2
+        """Bytes of the tensor cast to a 16-bit type (half, rounded up)."""
+        return compressed_bytes(self.size_bytes)
 
     @property
     def resident_bytes(self) -> int:
         """Bytes the tensor keeps on the device between its uses."""
-        return self.compressed_bytes if self.kind == "compress" else 0
+        return self.kind.resident_bytes(self.size_bytes)
 
     @property
     def saved_bytes(self) -> int:
@@ -139,12 +130,28 @@ class SwapDecision:
     @property
     def host_bytes(self) -> int:
         """Bytes the tensor holds in host memory between its uses."""
-        return {"swap": self.size_bytes, "compress+swap": self.compressed_bytes}.get(self.kind, 0)
+        return self.kind.host_bytes(self.size_bytes)
 
     @property
     def precision(self) -> str:
         """"exact", or the dtype the tensor's values are rounded to."""
-        return self.compressed_dtype if self.kind in LOSSY_KINDS else "exact"
+        return self.kind.precision
+
+    def to_dict(self) -> dict:
+        """The decision as JSON data: the kind by name, with the dtype it compresses to and the nodes it
+        re-runs."""
+        kind = self.kind
+        return {"tensor": str(self.tensor), "size_bytes": self.size_bytes, "consumers": list(self.consumers),
+                "trigger": self.trigger, "transfer_s": self.transfer_s, "kind": kind.name, "cost_s": self.cost_s,
+                "compressed_dtype": getattr(kind, "dtype", None), "recompute": list(getattr(kind, "nodes", ())),
+                "handle_bytes": self.handle_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SwapDecision":
+        kind = kind_named(data.get("kind", "swap"), data.get("compressed_dtype"), tuple(data.get("recompute", ())))
+        return cls(TensorRef.parse(data["tensor"]), data["size_bytes"], tuple(data["consumers"]), data["trigger"],
+                   data["transfer_s"], kind=kind, cost_s=data.get("cost_s", 0.0),
+                   handle_bytes=data.get("handle_bytes", 0))
 
 
 @dataclass(frozen=True)
@@ -271,7 +278,7 @@ class SwapPlan:
             lines.append(f"{'MB':>8}  {'saved MB':>8}  {'cost ms':>8}  {'kind':<13}  {'precision':<9}  tensor -> trigger")
             for d in self.decisions:
                 lines.append(f"{d.size_bytes / MIB:8.2f}  {d.saved_bytes / MIB:8.2f}  {1e3 * d.cost_s:8.3f}  "
-                             f"{d.kind:<13}  {d.precision:<9}  {d.tensor} -> {d.trigger}")
+                             f"{d.kind.name:<13}  {d.precision:<9}  {d.tensor} -> {d.trigger}")
         loops: dict[tuple[str, str], list[LoopSwap]] = {}
         for swap in self.loop_swaps:
             loops.setdefault((swap.forward_loop, swap.gradient_loop), []).append(swap)
@@ -286,23 +293,20 @@ class SwapPlan:
         return "\n".join(lines)
 
     def _kind_counts(self) -> str:
-        counts = {kind: sum(d.kind == kind for d in self.decisions) for kind in KINDS}
+        counts = {kind: sum(d.kind.name == kind for d in self.decisions) for kind in KINDS}
         return ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "none"
 
     def to_json(self) -> str:
         data = asdict(self)
-        for item in data["decisions"] + data["skipped"]:
+        data["decisions"] = [decision.to_dict() for decision in self.decisions]
+        for item in data["skipped"]:
             item["tensor"] = str(TensorRef(*item["tensor"]))
         return json.dumps(data, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> "SwapPlan":
         data = json.loads(text)
-        decisions = tuple(
-            SwapDecision(**{**d, "tensor": TensorRef.parse(d["tensor"]), "consumers": tuple(d["consumers"]),
-                            "recompute": tuple(d.get("recompute", ()))})
-            for d in data.pop("decisions")
-        )
+        decisions = tuple(SwapDecision.from_dict(d) for d in data.pop("decisions"))
         skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
         loop_swaps = tuple(
             LoopSwap(**{**s, "element_shape": None if s["element_shape"] is None else tuple(s["element_shape"])})

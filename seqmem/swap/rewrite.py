@@ -33,7 +33,8 @@ from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
 from seqmem.swap.barriers import split_barriers
 from seqmem.swap.pin import pin
-from seqmem.swap.plan import HOST_KINDS, SwapDecision, SwapPlan
+from seqmem.swap.kinds import Compress, CompressAndSwap, Recompute
+from seqmem.swap.plan import SwapDecision, SwapPlan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
 
@@ -71,7 +72,7 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     for number, decision in enumerate(plan.decisions):
         ref = decision.tensor
         base = f"{SWAP_SCOPE}/{number}_{ref.node.replace('/', '_')}_{ref.index}"
-        if decision.kind == "recompute":
+        if isinstance(decision.kind, Recompute):
             out_nodes, in_nodes = [], _recomputed(graph, decision, base)
             restored = TensorRef(in_nodes[-1].name, ref.index)
             out_after = ref.node
@@ -102,31 +103,33 @@ def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBac
     out_nodes: list[Node] = []
     in_nodes: list[Node] = []
     moved, moved_info, out_after = ref, info, ref.node
-    if decision.compressed_dtype is not None:
-        moved_info = TensorInfo(decision.compressed_dtype, info.shape, decision.compressed_bytes)
+    kind = decision.kind
+    compressed = isinstance(kind, (Compress, CompressAndSwap))
+    if compressed:
+        moved_info = TensorInfo(kind.dtype, info.shape, decision.compressed_bytes)
         after: tuple[str, ...] = ()
-        if decision.kind == "compress":  # kept on the device: cast once the forward readers are done with it
+        if isinstance(kind, Compress):  # kept on the device: cast once the forward readers are done with it
             after = tuple(sorted({r for r in graph.consumers(ref) if r not in decision.consumers
                                   and graph.node(r).op not in SHAPE_OPS}))
             out_after = max(after, key=lambda name: pinned_position.get(name, -1), default=ref.node)
         out_nodes.append(backend.cast(f"{base}/compress", ref, info, moved_info, after, producer.device))
         moved = TensorRef(out_nodes[-1].name, 0)
-    if decision.kind in HOST_KINDS:
+    if kind.to_host:
         out_nodes += backend.swap_out(f"{base}/out", moved, moved_info, producer)
         in_nodes += backend.swap_in(f"{base}/in", TensorRef(out_nodes[-1].name, 0), moved_info, decision.trigger,
                                     consumer)
         moved = TensorRef(in_nodes[-1].name, 0)
-    if decision.compressed_dtype is not None:
-        control = (decision.trigger,) if decision.kind == "compress" else ()
+    if compressed:
+        control = (decision.trigger,) if isinstance(kind, Compress) else ()
         in_nodes.append(backend.cast(f"{base}/decompress", moved, moved_info, info, control, consumer.device))
     return out_nodes, in_nodes, out_after
 
 
 def _recomputed(graph: Graph, decision: SwapDecision, base: str) -> list[Node]:
-    """Copies of the decision's `recompute` chain reading each other's outputs, each started by the trigger."""
-    copies: dict[str, str] = {name: f"{base}/recompute/{name.replace('/', '_')}" for name in decision.recompute}
+    """Copies of the chain the decision's `Recompute` re-runs reading each other's outputs, each started by the trigger."""
+    copies: dict[str, str] = {name: f"{base}/recompute/{name.replace('/', '_')}" for name in decision.kind.nodes}
     nodes = []
-    for name in decision.recompute:
+    for name in decision.kind.nodes:
         node = graph.node(name)
         inputs = tuple(TensorRef(copies[r.node], r.index) if r.node in copies else r for r in node.inputs)
         nodes.append(dataclasses.replace(node, name=copies[name], inputs=inputs,

@@ -115,7 +115,7 @@ def conservation_kinds(name, batch, options, fractions=FRACTIONS, steps=2):
     same_variables = all(
         np.array_equal(a.numpy(), b.numpy()) for a, b in zip(original.model.variables, copy.model.variables)
     )
-    return (sorted({d.kind for d in step.plan.decisions}), optimized_losses, losses, same_variables, peaks,
+    return (sorted({d.kind.name for d in step.plan.decisions}), optimized_losses, losses, same_variables, peaks,
             step.plan.predicted_peak_after_bytes, original_peaks, step.plan.split_barriers)
 
 
