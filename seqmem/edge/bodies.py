@@ -66,7 +66,7 @@ from seqmem.edge.library import FunctionBodies
 from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.edge.variable_shapes import with_variable_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, FUNCTION_CALL_OPS, LIST_READ_OPS, LIST_WRITE_OPS
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
@@ -75,7 +75,6 @@ __all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "sized
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
-_LIST_READ_OPS = frozenset({"TensorListPopBack", "TensorListGetItem"})
 
 # The op a handed-over argument of a called body is simulated as: none the op tables know, so an ordinary
 # tensor, allocated before the body's first op and freed after its last reader
@@ -180,7 +179,7 @@ def iteration_order(body: Graph) -> tuple[str, ...]:
 def _iteration(body: Graph) -> tuple[Graph, tuple[str, ...]]:
     """`body` with its list elements counted as 0 bytes, and `iteration_order` of it."""
     listed = {node.inputs[LIST_WRITE_OPS[node.op]] for node in body.nodes.values() if node.op in LIST_WRITE_OPS}
-    listed |= {ref for ref in body.tensors() if body.node(ref.node).op in _LIST_READ_OPS}
+    listed |= {ref for ref in body.tensors() if body.node(ref.node).op in LIST_READ_OPS}
     body = _without(body, listed)
     return body, executor_order(body, static_costs(body))
 

@@ -21,21 +21,9 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
 
 from seqmem.edge import library
+from seqmem.ir.op_tables import ALL_GATHER_OPS, ALL_REDUCE_OPS, COLLECTIVE_OPS
 
-__all__ = ["COLLECTIVE_OPS", "collective_ops", "local_graph_def"]
-
-# ops that exchange tensors with other workers (tensorflow/core/ops/collective_ops.cc, nccl_ops.cc)
-COLLECTIVE_OPS = frozenset({
-    "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveReduceScatterV2",
-    "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend", "CollectiveBcastSendV2",
-    "CollectiveBcastRecv", "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveAllToAllV3",
-    "NcclAllReduce", "NcclReduce", "NcclBroadcast",
-})
-# all-reduces: output 0 has the shape and type of input 0 (attribute "T")
-_ALL_REDUCES = frozenset({"CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3"})
-# all-gathers: output 0 is every worker's input 0 concatenated along axis 0; group size in input 1 (V2) or
-# in the attribute "group_size"
-_ALL_GATHERS = frozenset({"CollectiveGather", "CollectiveGatherV2"})
+__all__ = ["collective_ops", "local_graph_def"]
 
 
 def collective_ops(graph_def: graph_pb2.GraphDef) -> list[str]:
@@ -79,9 +67,9 @@ def _make_local(node, nodes, in_function: bool) -> bool:
     """Turn the collective `node` (a NodeDef of `nodes`, a graph's or a function body's) into its local
     stand-in, in place, keeping its type attribute "T" and its control inputs; False, with `node` as it
     was, where it has none."""
-    if node.op in _ALL_REDUCES:
+    if node.op in ALL_REDUCE_OPS:
         op, inputs, attributes = "Identity", [node.input[0]], {}
-    elif node.op in _ALL_GATHERS:
+    elif node.op in ALL_GATHER_OPS:
         if node.op == "CollectiveGather":
             size = node.attr["group_size"].i
         else:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from seqmem.edge.library import FunctionBodies
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, SPARSE_OP_PREFIXES
 
-__all__ = ["SPARSE_OP_PREFIXES", "copying_reads"]
-
-SPARSE_OP_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
+__all__ = ["copying_reads"]
 
 
 def copying_reads(tf_graph: tf.Graph, bodies: FunctionBodies) -> frozenset[str]:

@@ -41,21 +41,13 @@ import tensorflow as tf
 
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.sizes import static_bytes
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, TF1_CONTROL_FLOW_OPS
+from seqmem.ir.op_tables import (CONST_OPS, DIVISION_OPS, FOLDED_SHAPE_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS,
+                                 MATERIALIZED_CONSTANT_OPS, NEUTRAL_ARITHMETIC_OPS, NEVER_FOLDED_OPS)
 
 __all__ = ["MAX_FOLDED_BYTES", "folded_ops", "folded_value", "held_constants", "neutral_arithmetic"]
 
 MAX_FOLDED_BYTES = 10 << 20  # constant folding's limit per result (ConstantFoldingOptions)
-
-_CONST_OPS = frozenset({"Const", "HostConst"})
-_MATERIALIZED_OPS = frozenset({"OnesLike", "ZerosLike"})  # constants of any size once their shape is known
-_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size"})
-# x + 0 = 0 + x = x, x * 1 = 1 * x = x; x / 1 = x, with the one as the divisor only
-_NEUTRAL_READERS = {0.0: frozenset({"Add", "AddV2"}), 1.0: frozenset({"Mul", "Div", "RealDiv"})}
-_NEUTRAL_OPS = frozenset().union(*_NEUTRAL_READERS.values())
-_DIVISIONS = frozenset({"Div", "RealDiv"})
-_NEVER_FOLDED_OPS = FUNCTION_CALL_OPS | FUNCTIONAL_LOOP_OPS | TF1_CONTROL_FLOW_OPS | frozenset(
-    {"If", "Placeholder", "StatelessIf"})
+_NEUTRAL_READER_OPS = frozenset().union(*NEUTRAL_ARITHMETIC_OPS.values())
 
 
 def held_constants(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[str, tuple[int, ...]]:
@@ -77,7 +69,7 @@ def folded_ops(tf_graph: tf.Graph) -> frozenset[str]:
     constant = _constant_ops(tf_graph.get_operations(), {})
     returned = {t.ref() for t in getattr(tf_graph, "outputs", ())}  # a TF1 graph returns nothing
     return frozenset(op.name for op in tf_graph.get_operations()
-                     if constant[op] and op.type not in _CONST_OPS and _held_outputs(op, constant, returned))
+                     if constant[op] and op.type not in CONST_OPS and _held_outputs(op, constant, returned))
 
 
 def neutral_arithmetic(tf_graph: tf.Graph) -> dict[str, int]:
@@ -85,7 +77,7 @@ def neutral_arithmetic(tf_graph: tf.Graph) -> dict[str, int]:
     x of the result's shape), by op name: the index of that operand, whose buffer the output is."""
     passed = {}
     for op in tf_graph.get_operations():
-        if op.type in _NEUTRAL_OPS and len(op.inputs) == 2:
+        if op.type in _NEUTRAL_READER_OPS and len(op.inputs) == 2:
             for index, tensor in enumerate(op.inputs):
                 if _is_identity_with(op, tensor):
                     passed[op.name] = 1 - index
@@ -105,7 +97,7 @@ def folded_value(tensor: tf.Tensor) -> np.ndarray | None:
         op = pending.pop()
         if op.name in ancestors:
             continue
-        if op.type == "Placeholder" or op.op_def.is_stateful or op.type in _NEVER_FOLDED_OPS:
+        if op.type == "Placeholder" or op.op_def.is_stateful or op.type in NEVER_FOLDED_OPS:
             return None
         ancestors[op.name] = op
         pending.extend(t.op for t in op.inputs)
@@ -164,10 +156,10 @@ def _held_outputs(op: tf.Operation, constant: dict, returned: set) -> list[tf.Te
 def _is_identity_with(reader: tf.Operation, tensor: tf.Tensor) -> bool:
     """Whether `reader` passes its other operand through unchanged given `tensor`: x + 0 or x * 1, x of the
     result's shape (Grappler then replaces the op with x)."""
-    neutral_readers = _NEUTRAL_READERS.get(_uniform_value(tensor.op))
+    neutral_readers = NEUTRAL_ARITHMETIC_OPS.get(_uniform_value(tensor.op))
     if reader.type not in (neutral_readers or ()) or len(reader.inputs) != 2:
         return False
-    if reader.type in _DIVISIONS and reader.inputs[1].ref() != tensor.ref():
+    if reader.type in DIVISION_OPS and reader.inputs[1].ref() != tensor.ref():
         return False
     others = [t for t in reader.inputs if t.ref() != tensor.ref()]
     return len(others) == 1 and others[0].shape.is_fully_defined() and others[0].shape == reader.outputs[0].shape
@@ -175,7 +167,7 @@ def _is_identity_with(reader: tf.Operation, tensor: tf.Tensor) -> bool:
 
 def _uniform_value(op: tf.Operation) -> float | None:
     """The value every element of `op`'s output has, where `op` makes a constant of one value; else None."""
-    if op.type in _CONST_OPS and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer):
+    if op.type in CONST_OPS and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer):
         value = np.asarray(tf.get_static_value(op.outputs[0]))
         return float(value.flat[0]) if value.size and (value == value.flat[0]).all() else None
     if op.type == "ZerosLike":
@@ -203,15 +195,15 @@ def _constant_ops(operations, known: dict) -> dict:
 
 
 def _is_constant(op: tf.Operation, constant: dict) -> bool:
-    if op.type in _CONST_OPS:
+    if op.type in CONST_OPS:
         return op.outputs[0].dtype != tf.resource
-    if op.type in _MATERIALIZED_OPS:  # numbers only: a TensorList's zeros are a list made at run time
+    if op.type in MATERIALIZED_CONSTANT_OPS:  # numbers only: a TensorList's zeros are a list made at run time
         return static_bytes(op.outputs[0].dtype, op.outputs[0].shape) is not None
-    if op.type in _SHAPE_OPS:
+    if op.type in FOLDED_SHAPE_OPS:
         return all(t.shape.is_fully_defined() for t in op.inputs)
     if op.type == "Rank":
         return op.inputs[0].shape.rank is not None
-    if op.op_def.is_stateful or op.type in _NEVER_FOLDED_OPS or not op.inputs:
+    if op.op_def.is_stateful or op.type in NEVER_FOLDED_OPS or not op.inputs:
         return False
     if (op.type == "Fill" and op.outputs[0].shape.is_fully_defined()
             and all(constant.get(t.op, False) for t in op.inputs)):

@@ -41,15 +41,14 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from seqmem.edge.copy_on_read import SPARSE_OP_PREFIXES
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.op_tables import SPARSE_OP_PREFIXES, VARIABLE_UPDATE_OPS
 
 __all__ = ["COPY_ON_READ_OFF_BEFORE_SUFFIX", "COPY_ON_READ_OFF_SUFFIX", "WHOLE_SLICE_PREFIX", "assign_in_place"]
 
 WHOLE_SLICE_PREFIX = "seqmem_whole_slice"
 COPY_ON_READ_OFF_SUFFIX = "seqmem_copy_on_read_off"
 COPY_ON_READ_OFF_BEFORE_SUFFIX = "seqmem_copy_on_read_off_before"
-_UPDATE_OPS = ("AssignAddVariableOp", "AssignSubVariableOp")
 _NUMERIC = ("float", "bfloat", "half", "double", "int", "uint", "complex", "bool")
 
 
@@ -68,7 +67,7 @@ def assign_in_place(graph: Graph) -> Graph:
     replaced = [name for name, node in graph.nodes.items() if _in_place_eligible(graph, node, read_shapes)]
     copy_on_read = _copy_on_read_handles(graph)
     updates = [name for name, node in graph.nodes.items()
-               if node.op in _UPDATE_OPS and node.inputs and node.inputs[0] in copy_on_read]
+               if node.op in VARIABLE_UPDATE_OPS and node.inputs and node.inputs[0] in copy_on_read]
     if not replaced and not updates:
         return graph
     begin, end, strides = (f"{WHOLE_SLICE_PREFIX}/{part}" for part in ("begin", "end", "strides"))

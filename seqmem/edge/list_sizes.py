@@ -23,20 +23,12 @@ from tensorflow.python.eager.polymorphic_function.concrete_function import Concr
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.sizes import static_bytes
 from seqmem.ir.graph import loop_value_buffer
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_WRITE_OPS, VIEW_OPS
+from seqmem.ir.op_tables import (FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_PASSTHROUGH_OPS, LIST_WRITE_OPS,
+                                 SHARED_ELEMENT_OPS, VIEW_OPS)
 
 __all__ = ["ListSizer", "constant_trip_count", "unbounded_loops"]
 
-_LIST_PASSTHROUGH_OPS = frozenset({
-    "TensorListPushBack",
-    "TensorListPushBackBatch",
-    "TensorListResize",
-    "TensorListScatterIntoExistingList",
-    "TensorListSetItem",
-})
 _MAX_VARIANT_DEPTH = 64
-# what a loop may push to a list without a buffer of its own: another list's element, a variable's value
-_SHARED_ELEMENT_OPS = frozenset({"TensorListGetItem", "ReadVariableOp"})
 
 
 class ListSizer:
@@ -80,7 +72,7 @@ class ListSizer:
             return self._list_bytes(op, trip_count, written) if filled else (0, None)
         if op.type == "TensorListFromTensor":
             return _unstacked_bytes(op.inputs[0].dtype, self._shape(op.inputs[0]))
-        if op.type in _LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot", "ZerosLike"):
+        if op.type in LIST_PASSTHROUGH_OPS or op.type in ("Identity", "Snapshot", "ZerosLike"):
             return recurse(op.inputs[0])  # ZerosLike: a new list, of zeros as large as its input's elements
         if op.type == "IdentityN":
             return recurse(op.inputs[index]) if index < len(op.inputs) else None
@@ -90,7 +82,7 @@ class ListSizer:
             popped, written = self._list_uses(op, index)
             if popped:
                 return 0, None  # a gradient loop consuming saved activations: the list leaves it empty
-            if written and all(value.op.type in _SHARED_ELEMENT_OPS for value in written):
+            if written and all(value.op.type in SHARED_ELEMENT_OPS for value in written):
                 return 0, None  # elements that share another buffer: a list's elements, a variable's value
             if index in self._lists_sharing_elements(op):
                 return 0, None  # the buffers another of the loop's lists holds (counted there)

@@ -21,11 +21,10 @@ from collections.abc import Iterable
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from seqmem.edge import library
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import LOOP_BOUND_OPS
 
 __all__ = ["bound_loops", "check_parallel_iterations", "loops_above"]
 
-_LOOP_OPS = FUNCTIONAL_LOOP_OPS | {"Enter", "RefEnter"}  # TF1 frames take their bound from Enter
 
 
 def loops_above(graph_def: graph_pb2.GraphDef, parallel_iterations: int) -> list[str]:
@@ -60,7 +59,7 @@ def check_parallel_iterations(parallel_iterations: int) -> None:
 
 
 def _over(nodes: Iterable[node_def_pb2.NodeDef], parallel_iterations: int) -> list[node_def_pb2.NodeDef]:
-    return [n for n in nodes if n.op in _LOOP_OPS and n.attr["parallel_iterations"].i > parallel_iterations]
+    return [n for n in nodes if n.op in LOOP_BOUND_OPS and n.attr["parallel_iterations"].i > parallel_iterations]
 
 
 def _bound(nodes: Iterable[node_def_pb2.NodeDef], parallel_iterations: int) -> None:

@@ -27,11 +27,10 @@ import tensorflow as tf
 
 from seqmem.edge.folded_constants import folded_value
 from seqmem.edge.library import FunctionBodies
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, FUNCTION_CALL_OPS, PASSTHROUGH_IDENTITY_OPS
 
 __all__ = ["passed_through_inputs", "transposes_in_place"]
 
-_IDENTITY_OPS = frozenset({"Identity", "Snapshot"})
 
 
 def passed_through_inputs(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[str, dict[int, int]]:
@@ -95,7 +94,7 @@ class _Tracer:
         arguments = {t.op: i for i, t in enumerate(body.inputs)}
         while tensor.op not in arguments:
             op = tensor.op
-            if op.type in _IDENTITY_OPS:
+            if op.type in PASSTHROUGH_IDENTITY_OPS:
                 tensor = op.inputs[0]
             elif op.type == "IdentityN":
                 tensor = op.inputs[tensor.value_index]

@@ -41,13 +41,11 @@ from tensorflow.core.framework import function_pb2, graph_pb2
 
 from seqmem.edge import capture, library
 from seqmem.edge.bodies import iteration_order, sized_bodies
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS, SUM_OPS
 
 __all__ = ["left_to_grappler", "pin_loop_bodies"]
 
 _SUFFIX = "_seqmem_pinned"
-_IDENTITIES = frozenset({"Identity"})
-_SUMS = frozenset({"Add", "AddV2", "AddN"})
 
 
 def pin_loop_bodies(graph_def: graph_pb2.GraphDef,
@@ -110,7 +108,7 @@ def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
     """The nodes of `function` a control edge would keep TensorFlow's graph optimizer from rewriting as it
     rewrites the unpinned step, changing what the step computes: its identities, which it removes (a sum's
     inputs are ordered by their names, and a removed identity's input has another), and the sums it
-    collapses into one (`_SUMS` nodes whose only reader is another, and that reader): summed in another
+    collapses into one (`SUM_OPS` nodes whose only reader is another, and that reader): summed in another
     order, the NMT step's gradient iteration no longer trained bit-identically."""
     readers: dict[str, list[str]] = {}
     for node in function.node_def:
@@ -118,9 +116,9 @@ def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
             if not name.startswith("^"):
                 readers.setdefault(name.split(":")[0], []).append(node.name)
     by_name = {node.name: node for node in function.node_def}
-    left_out = {node.name for node in function.node_def if node.op in _IDENTITIES}
+    left_out = {node.name for node in function.node_def if node.op in REMOVED_IDENTITY_OPS}
     for node in function.node_def:
         consumers = readers.get(node.name, [])
-        if node.op in _SUMS and len(consumers) == 1 and by_name[consumers[0]].op in _SUMS:
+        if node.op in SUM_OPS and len(consumers) == 1 and by_name[consumers[0]].op in SUM_OPS:
             left_out |= {node.name, consumers[0]}
     return left_out

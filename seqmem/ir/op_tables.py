@@ -8,19 +8,39 @@ comma cannot join two names unnoticed.
 from __future__ import annotations
 
 __all__ = [
+    "ALL_GATHER_OPS",
+    "ALL_REDUCE_OPS",
+    "COLLECTIVE_OPS",
+    "CONST_OPS",
+    "DIVISION_OPS",
+    "FOLDED_SHAPE_OPS",
     "FORWARDING_OPS",
     "FUNCTIONAL_LOOP_OPS",
     "FUNCTION_CALL_OPS",
+    "GRADIENT_BARRIER_OPS",
     "INEXPENSIVE_KERNEL_OPS",
     "INLINE_OPS",
     "INPLACE_OPS",
+    "LIST_PASSTHROUGH_OPS",
+    "LIST_READ_OPS",
     "LIST_WRITE_OPS",
     "LOOP_BACK_OPS",
+    "LOOP_BOUND_OPS",
     "LOOP_MERGE_OPS",
+    "LOWERED_CONTROL_FLOW_OPS",
+    "MATERIALIZED_CONSTANT_OPS",
+    "NEUTRAL_ARITHMETIC_OPS",
+    "NEVER_FOLDED_OPS",
+    "PASSTHROUGH_IDENTITY_OPS",
     "PERSISTENT_OPS",
     "RECOMPUTABLE_OPS",
+    "REMOVED_IDENTITY_OPS",
     "SHAPE_OPS",
+    "SHARED_ELEMENT_OPS",
+    "SPARSE_OP_PREFIXES",
+    "SUM_OPS",
     "TF1_CONTROL_FLOW_OPS",
+    "VARIABLE_UPDATE_OPS",
     "VARIABLE_WRITE_OPS",
     "VIEW_OPS",
     "is_persistent_op",
@@ -207,6 +227,121 @@ VARIABLE_WRITE_OPS = frozenset([
     "ResourceStridedSliceAssign",
 ])
 _VARIABLE_WRITE_PREFIXES = ("Apply", "ResourceApply", "ResourceScatter", "ResourceSparseApply", "SparseApply")
+
+# Prefixes of the sparse ops that put a variable in copy-on-read mode (`EnsureSparseVariableAccess`): an
+# embedding's gather, an optimizer's scatter into its slots (`edge.copy_on_read`).
+SPARSE_OP_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
+
+# The variable updates that write in place unless the variable is in copy-on-read mode (`edge.in_place`).
+VARIABLE_UPDATE_OPS = frozenset([
+    "AssignAddVariableOp",
+    "AssignSubVariableOp",
+])
+
+# Ops that exchange tensors with other workers (tensorflow/core/ops/collective_ops.cc, nccl_ops.cc).
+COLLECTIVE_OPS = frozenset([
+    "CollectiveAllToAllV2",
+    "CollectiveAllToAllV3",
+    "CollectiveBcastRecv",
+    "CollectiveBcastRecvV2",
+    "CollectiveBcastSend",
+    "CollectiveBcastSendV2",
+    "CollectiveGather",
+    "CollectiveGatherV2",
+    "CollectiveReduce",
+    "CollectiveReduceScatterV2",
+    "CollectiveReduceV2",
+    "CollectiveReduceV3",
+    "NcclAllReduce",
+    "NcclBroadcast",
+    "NcclReduce",
+])
+# All-reduces: output 0 has the shape and type of input 0 (attribute "T").
+ALL_REDUCE_OPS = frozenset([
+    "CollectiveReduce",
+    "CollectiveReduceV2",
+    "CollectiveReduceV3",
+])
+# All-gathers: output 0 is every worker's input 0 concatenated along axis 0; the group size in input 1 (V2)
+# or in the attribute "group_size".
+ALL_GATHER_OPS = frozenset([
+    "CollectiveGather",
+    "CollectiveGatherV2",
+])
+
+# A data-parallel step's join of every gradient before the updates (`swap.barriers`).
+GRADIENT_BARRIER_OPS = frozenset([
+    "IdentityN",
+])
+
+# Ops that return a TensorList they were given, with an element written or its length changed.
+LIST_PASSTHROUGH_OPS = frozenset([
+    "TensorListPushBack",
+    "TensorListPushBackBatch",
+    "TensorListResize",
+    "TensorListScatterIntoExistingList",
+    "TensorListSetItem",
+])
+# Ops that read one element of a TensorList, which a loop body then holds.
+LIST_READ_OPS = frozenset([
+    "TensorListGetItem",
+    "TensorListPopBack",
+])
+# What a loop may push to a list without a buffer of its own: another list's element, a variable's value.
+SHARED_ELEMENT_OPS = frozenset([
+    "ReadVariableOp",
+    "TensorListGetItem",
+])
+
+# Ops a function returns its argument through unchanged, as a loop invariant is (`edge.passthrough`).
+PASSTHROUGH_IDENTITY_OPS = frozenset([
+    "Identity",
+    "Snapshot",
+])
+# Nodes of a loop body a pinned body leaves unchained: Grappler removes them (`edge.pinned_bodies`).
+REMOVED_IDENTITY_OPS = frozenset([
+    "Identity",
+])
+# Sums Grappler may collapse into one AddN when one feeds the other alone (`edge.pinned_bodies`).
+SUM_OPS = frozenset([
+    "Add",
+    "AddN",
+    "AddV2",
+])
+
+# Constants as Grappler's constant folding sees them (`edge.folded_constants`): constant ops; ops that are
+# constants of any size once their input's shape is known; shape ops it folds; divisions.
+CONST_OPS = frozenset([
+    "Const",
+    "HostConst",
+])
+MATERIALIZED_CONSTANT_OPS = frozenset([
+    "OnesLike",
+    "ZerosLike",
+])
+FOLDED_SHAPE_OPS = frozenset([
+    "Shape",
+    "ShapeN",
+    "Size",
+])
+DIVISION_OPS = frozenset([
+    "Div",
+    "RealDiv",
+])
+# Ops Grappler's arithmetic simplification removes by the neutral value of an input: x + 0, x * 1, x / 1.
+NEUTRAL_ARITHMETIC_OPS = {
+    0.0: frozenset(["Add", "AddV2"]),
+    1.0: frozenset(["Div", "Mul", "RealDiv"]),
+}
+# Nodes constant folding never evaluates: calls, loops and conditionals, TF1 control flow, placeholders.
+NEVER_FOLDED_OPS = FUNCTION_CALL_OPS | FUNCTIONAL_LOOP_OPS | TF1_CONTROL_FLOW_OPS | frozenset(
+    ["If", "Placeholder", "StatelessIf"])
+
+# Loops that carry a `parallel_iterations` bound: functional loops, and TF1 frames' Enter nodes.
+LOOP_BOUND_OPS = FUNCTIONAL_LOOP_OPS | frozenset(["Enter", "RefEnter"])
+
+# Control flow TensorFlow lowers into its functions' nodes before it runs a step (`swap.pin`).
+LOWERED_CONTROL_FLOW_OPS = FUNCTIONAL_LOOP_OPS | FUNCTIONAL_COND_OPS
 
 
 def writes_variable(op: str) -> bool:

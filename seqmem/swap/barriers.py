@@ -31,11 +31,10 @@ from __future__ import annotations
 import dataclasses
 
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import writes_variable
+from seqmem.ir.op_tables import GRADIENT_BARRIER_OPS, writes_variable
 
 __all__ = ["barrier_source", "gradient_barriers", "split_barriers"]
 
-_BARRIER_OPS = frozenset(["IdentityN"])
 _MIN_INPUTS = 2  # a one-input IdentityN joins nothing
 
 
@@ -43,7 +42,7 @@ def gradient_barriers(graph: Graph) -> tuple[str, ...]:
     """Names of the nodes of `graph` that `split_barriers` can split: `IdentityN` nodes with two or more
     inputs, in graph order."""
     return tuple(name for name, node in graph.nodes.items()
-                 if node.op in _BARRIER_OPS and len(node.inputs) >= _MIN_INPUTS)
+                 if node.op in GRADIENT_BARRIER_OPS and len(node.inputs) >= _MIN_INPUTS)
 
 
 def barrier_source(graph: Graph, ref: TensorRef, names: tuple[str, ...]) -> TensorRef:

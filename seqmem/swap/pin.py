@@ -30,12 +30,11 @@ import dataclasses
 from collections.abc import Sequence
 
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, LOWERED_CONTROL_FLOW_OPS
 from seqmem.sim.schedule import pinned_nodes
 
 __all__ = ["pin"]
 
-_LOWERED_OPS = FUNCTIONAL_LOOP_OPS | FUNCTIONAL_COND_OPS
 
 
 def pin(graph: Graph, order: Sequence[str]) -> Graph:
@@ -55,7 +54,7 @@ def pin(graph: Graph, order: Sequence[str]) -> Graph:
     chain = pinned_nodes(graph, order)
     for before, after in zip(chain, chain[1:]):
         if (before not in graph.predecessors(after) or graph.nodes[after].op in FUNCTION_CALL_OPS
-                or graph.nodes[before].op in _LOWERED_OPS):
+                or graph.nodes[before].op in LOWERED_CONTROL_FLOW_OPS):
             waits_for[after] = before
     nodes = [
         dataclasses.replace(node, control_inputs=node.control_inputs + (waits_for[name],))
