@@ -43,7 +43,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from seqmem.errors import TensorFlowAlreadyInitializedError
+from seqmem.errors import InfeasibleBudgetError, TensorFlowAlreadyInitializedError
 from seqmem.runtime import fork_server, stall_watch
 
 __all__ = [
@@ -264,8 +264,10 @@ class BudgetRun:
 
     verdict: "ok" (value holds the result), "oom" (ResourceExhaustedError, or
     the process sat idle: an allocation waiting for memory that nothing frees,
-    see `stall_watch`), "error" (another exception; message has its
-    traceback), "crashed" (the process died, e.g. a segfault), or "timeout".
+    see `stall_watch`), "infeasible" (seqmem's InfeasibleBudgetError: no plan
+    fits; message is the error's, the smallest peak and the op that sets it),
+    "error" (another exception; message has its traceback), "crashed" (the
+    process died, e.g. a segfault), or "timeout".
     """
 
     verdict: str
@@ -352,6 +354,8 @@ def _worker(job_path: str, result_path: str) -> None:
             outcome = BudgetRun("ok", value=function(*args, **kwargs))
         except tf.errors.ResourceExhaustedError as error:
             outcome = BudgetRun("oom", message=str(error).splitlines()[0][:500])
+        except InfeasibleBudgetError as error:
+            outcome = BudgetRun("infeasible", message=" ".join(str(error).split())[:4000])
         except Exception:  # noqa: BLE001 - every failure is reported to the parent as a verdict
             outcome = BudgetRun("error", message=traceback.format_exc()[-4000:])
     _write_result(result_path, outcome)

@@ -20,20 +20,14 @@ from tensorflow.core.framework import graph_pb2
 from seqmem.analysis import StepAnalysis
 from seqmem.edge import capture
 from seqmem.edge.collectives import local_graph_def
-from seqmem.edge.gates import gate_loops
-from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.library import nodes_running, variable_writers
-from seqmem.edge.loop_swap import swap_loop_accumulators
-from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import pin_loop_bodies
 from seqmem.edge.runner import IMPORT_SCOPE, graph_def_runner
-from seqmem.edge.unpacked_splits import unpack_splits
-from seqmem.edge.variable_shapes import variable_shapes
+from seqmem.runtime.step_passes import rewritten_graph_def
 from seqmem.runtime.workers import Workers, failure_line
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.swap.plan import SwapPlan
-from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend, rewrite
+from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend
 from seqmem.units import MIB
 
 __all__ = ["OptimizedStep", "build_step"]
@@ -192,15 +186,7 @@ def _failed_nodes(message: str) -> list[str]:
 def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
                function: Optional[capture.ConcreteFunction] = None, original: Any = None) -> OptimizedStep:
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
-    tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise. Its
-    wide splits allocate their outputs in order (`edge.unpacked_splits`); with loops bounded to one
-    iteration at a time, its loop bodies are pinned (`edge.pinned_bodies`)."""
-    graph_def = capture.to_graph_def(assign_in_place(rewrite(analysis.graph, plan, backend)))
-    if plan.loop_swaps:
-        graph_def = swap_loop_accumulators(graph_def, plan.loop_swaps)
-    if plan.loop_parallel_iterations is not None:
-        graph_def = gate_loops(bound_loops(graph_def, plan.loop_parallel_iterations))
-    graph_def = unpack_splits(graph_def)
-    if plan.loop_parallel_iterations == 1:
-        graph_def = pin_loop_bodies(graph_def, variable_shapes(analysis.graph))
+    tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise; its
+    GraphDef made by `step_passes.rewritten_graph_def`."""
+    graph_def = rewritten_graph_def(analysis, plan, backend).graph_def
     return OptimizedStep(analysis, plan, graph_def, backend, function, original)

@@ -20,6 +20,7 @@ for less; only a plan that fitted on every worker runs with its collectives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -50,9 +51,19 @@ class Workers:
 
     def gathered(self, values: Sequence[int]) -> list[list[int]]:
         """Every worker's `values` (int64s, the same length on every worker), by replica."""
-        local = tf.constant([list(values)], tf.int64)
-        stacked = self.strategy.gather(self.strategy.run(lambda: tf.identity(local)), axis=0)
-        return stacked.numpy().tolist()
+        return self._gather(tf.constant([list(values)], tf.int64)).numpy().tolist()
+
+    @functools.cached_property
+    def _gather(self) -> Any:
+        """One traced all-gather of a [1, n] int64 row from every replica (a strategy's collectives run
+        eagerly one op at a time, with a warning each)."""
+        strategy = self.strategy
+
+        @tf.function(input_signature=[tf.TensorSpec([1, None], tf.int64)], autograph=False)
+        def gather(local):
+            return strategy.gather(strategy.run(tf.identity, args=(local,)), axis=0)
+
+        return gather
 
     def highest(self, values: Sequence[Optional[int]]) -> list[Optional[int]]:
         """Per position, the highest of every worker's `values`; None where any worker's is None."""

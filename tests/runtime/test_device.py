@@ -25,6 +25,12 @@ def raise_value_error():
     raise ValueError("boom")
 
 
+def raise_infeasible():
+    from seqmem.errors import InfeasibleBudgetError
+
+    raise InfeasibleBudgetError("smallest achievable peak is 9.0 MB (Op 'x');\nbudget was 8.0 MB", 9 << 20)
+
+
 def crash():
     os.abort()
 
@@ -99,6 +105,9 @@ def test_a_job_with_onednn_on_is_refused_before_it_is_forked(tmp_path):
 def test_run_with_budget_reports_errors_and_crashes_without_raising():
     error = device.run_with_budget(raise_value_error, budget_mb=64)
     assert error.verdict == "error" and "ValueError: boom" in error.message
+    infeasible = device.run_with_budget(raise_infeasible, budget_mb=64)  # no plan fits: said in one line
+    assert infeasible.verdict == "infeasible"
+    assert infeasible.message == "smallest achievable peak is 9.0 MB (Op 'x'); budget was 8.0 MB"
     crashed = device.run_with_budget(crash, budget_mb=64)
     assert crashed.verdict == "crashed" and crashed.message.startswith("exit status -6 (SIGABRT)")
 
