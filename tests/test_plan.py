@@ -111,25 +111,6 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
     assert any(ref.node.startswith("seqmem_swap/") for ref in rewritten.node("join").inputs)
 
 
-def test_a_gradient_waiting_for_its_layers_weight_gradient_is_held_though_its_reader_writes_into_it():
-    # dx waits while dw runs, then ReluGrad writes its output into dx's buffer: what the buffer holds next is
-    # rg, read right away; dx itself is held (was left out as "not the tensor its buffer holds last")
-    g = graph(node("x", "Placeholder", outputs=(4,)), node("f1", "Op", ["x"], outputs=(MB,)),
-              node("loss", "Sum", ["f1"], outputs=(TensorInfo("float32", (), 4),)),
-              node("gradient_tape/g", "Op", ["loss"], outputs=(MB,)),
-              node("gradient_tape/dx", "Op", ["gradient_tape/g"], outputs=(2 * MB,)),
-              node("gradient_tape/dw", "Op", ["f1", "gradient_tape/g"], outputs=(MB,)),
-              node("gradient_tape/rg", "ReluGrad", ["gradient_tape/dx", "f1"], outputs=(2 * MB,)),
-              node("gradient_tape/out", "Op", ["gradient_tape/rg", "gradient_tape/dw"], outputs=(4,)),
-              outputs=("gradient_tape/out",))
-    analysis = dataclasses.replace(analyze_graph(g, inter_op_threads=1), pinned_order=tuple(g.nodes))
-    result = choose_conservations(analysis, budget_bytes=1, allocator="exact", pinned=True, machine=_SERIAL)
-    held = [d for d in result.plan.decisions if d.tensor == TensorRef("gradient_tape/dx")]
-    assert held and held[0].consumers == ("gradient_tape/rg",)
-    assert result.smallest_peak_bytes < result.plan.predicted_peak_before_bytes - MB  # dw runs without dx
-    rewrite(g, result.plan, IdentityBackend()).validate()
-
-
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
     expected = r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from seqmem.analysis import StepAnalysis
 from seqmem.anatomy import StepAnatomy
 from seqmem.critical_path import MachineModel, transfer_time_s
-from seqmem.ir.graph import Graph, TensorRef, view_source
+from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.plan.events import restore_bytes
 from seqmem.plan.readers import backward_content_readers, kept_until, last_early_reader
@@ -108,14 +108,11 @@ def _held_tensors(graph: Graph, anatomy: StepAnatomy, trace: MemoryTrace, positi
     the order of their producers. A gradient waiting for a join is one: the concatenation a data-parallel
     step's all-reduce packs every gradient into, `clip_by_global_norm`'s scaling after the norm of every
     gradient, a loss-scale optimizer's update after the finite check of every gradient. A gap must hold a
-    node (a trigger for the restore). Of the tensors one buffer holds at once (a tensor and its views), only
-    the one read last; an op that writes its output into its input's buffer (`INPLACE_OPS`: a `ReluGrad` over
-    the gradient it reads) starts what the buffer holds next, held on its own (a gradient that waits while
-    its layer's weight gradient is computed, before the `ReluGrad` over it). Graph outputs (returned to the
-    caller) and tensors in persistent buffers are not held."""
+    node (a trigger for the restore). Of tensors sharing one buffer, only the one read last; graph outputs
+    (returned to the caller) and tensors in persistent buffers are not held."""
     outputs = set(graph.outputs)
     held: dict[TensorRef, tuple[str, ...]] = {}
-    last_read: dict[TensorRef, tuple[int, TensorRef]] = {}  # by what a buffer holds: the tensor read last, when
+    last_read: dict[TensorRef, tuple[int, TensorRef]] = {}  # by buffer: the tensor read last, and when
     for name in sorted(anatomy.backward, key=position.__getitem__):
         node = graph.node(name)
         if node.persistent:
@@ -134,18 +131,10 @@ def _held_tensors(graph: Graph, anatomy: StepAnatomy, trace: MemoryTrace, positi
             if graph.node(buffer.node).persistent:
                 continue
             held[ref] = tuple(readers[-split:])
-            contents = _viewed(graph, ref)
-            if contents not in last_read or last_read[contents][0] < points[-1]:
-                last_read[contents] = (points[-1], ref)
+            if buffer not in last_read or last_read[buffer][0] < points[-1]:
+                last_read[buffer] = (points[-1], ref)
     kept = {ref for _, ref in last_read.values()}
     return {ref: readers for ref, readers in held.items() if ref in kept}
-
-
-def _viewed(graph: Graph, ref: TensorRef) -> TensorRef:
-    """The tensor `ref` is a view of, through views of views (`ref` itself when it is no view)."""
-    while (source := view_source(graph.node(ref.node), ref.index)) is not None:
-        ref = source
-    return ref
 
 
 

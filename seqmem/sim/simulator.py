@@ -46,8 +46,7 @@ Model (that of TensorFlow's executor with a BFC allocator):
   memory while `order[i]` runs.
 - A `SwapEvent` moves a tensor to the host after `out_after` runs (once the
   readers scheduled before `in_before` are done) and brings a fresh device copy
-  back just before `in_before` runs; readers from `in_before` on read the copy,
-  and the last of them may write into it in place as into any buffer.
+  back just before `in_before` runs; readers from `in_before` on read the copy.
   A compressed tensor keeps `resident_bytes` on the device meanwhile; restoring
   it (casting back, or recomputing it) holds `restore_bytes` more while
   `in_before` runs, with the compressed copy.
@@ -303,7 +302,8 @@ class _Pass:
             source = None if node.folded else view_source(node, index)  # a folded node is a Const of its own
             shared = self._read_buffer(source, step) if source is not None else None
             if shared is None and not node.folded and (node.op in INPLACE_OPS or node.op in FORWARDING_OPS):
-                shared = self._forwardable_input(node, _overwritable(node, index), size, step)
+                shared = _forwardable_input(node, _overwritable(node, index), size, self.buffer_of,
+                                            self.swap_by_tensor, self.graph_outputs)
             if shared is not None:
                 shared.pending += pending
                 self.buffer_of[ref] = shared
@@ -320,20 +320,6 @@ class _Pass:
             elif size:
                 buffer.handle = memory.allocate(size, buffer.pieces)
         return new_buffers, filled
-
-    def _forwardable_input(self, node, candidates: Sequence[TensorRef], size: int, step: int) -> _Buffer | None:
-        """The buffer of one of `candidates` (inputs of `node`, at `step`) that `node` may overwrite: same
-        size, not persistent, not a graph output, this node its last reader. A swapped tensor's restored
-        copy may be overwritten by its last reader; the original, which the swap-out reads, may not."""
-        for ref in candidates:
-            event = self.swap_by_tensor.get(ref)
-            if event is not None and step < self.position[event.in_before]:
-                continue
-            buffer = self._read_buffer(ref, step)
-            if (buffer.size == size and size > 0 and not buffer.persistent and ref not in self.graph_outputs
-                    and buffer.pending == sum(1 for r in node.inputs if self._read_buffer(r, step) is buffer)):
-                return buffer
-        return None
 
     def _record(self, step: int, memory: DeviceMemory, replayed) -> None:
         """Every device's live bytes while the node at `step` runs on `memory` (a replayed loop: the most
@@ -375,6 +361,23 @@ def _overwritable(node, index: int) -> Sequence[TensorRef]:
         return node.inputs
     forwarding = FORWARDING_OPS.get(node.op)
     return (node.inputs[forwarding[0]],) if forwarding is not None and forwarding[1] == index else ()
+
+
+def _forwardable_input(node, candidates, size, buffer_of, swap_by_tensor, graph_outputs) -> _Buffer | None:
+    """The buffer of one of `candidates` (inputs of `node`) that `node` may overwrite: same size, not
+    persistent, this node its last reader."""
+    for ref in candidates:
+        buffer = buffer_of[ref]
+        if (
+            buffer.size == size
+            and size > 0
+            and not buffer.persistent
+            and ref not in swap_by_tensor
+            and ref not in graph_outputs
+            and buffer.pending == sum(1 for r in node.inputs if buffer_of[r] is buffer)
+        ):
+            return buffer
+    return None
 
 
 def _timelines(timelines, memories, buffers, steps) -> dict[str, DeviceTimeline]:

@@ -196,20 +196,6 @@ def test_a_view_a_backward_reader_makes_of_a_restored_tensor_lives_in_the_copy()
     assert trace.buffer_of[TensorRef("v")] == TensorRef("t")
 
 
-def test_the_last_reader_of_a_restored_copy_writes_into_it_in_place_and_no_reader_into_the_original():
-    # t (1000 bytes) leaves after its producer and comes back for its last reader, an element-wise gradient
-    # (ReluGrad over t and f) that writes its output into the copy, as TensorFlow forwards an input whose
-    # last reader it is; early, u (an in-place Relu) reads t before it leaves and cannot write into it
-    g = graph(node("x", "Placeholder", outputs=(4,)), node("f", "Op", ["x"], outputs=(1000,)),
-              node("t", "Op", ["x"], outputs=(1000,)), node("u", "Relu", ["t"], outputs=(1000,)),
-              node("a", "Op", ["x"], outputs=(10,)), node("r", "ReluGrad", ["t", "f"], outputs=(1000,)),
-              node("s", "Op", ["r"], outputs=(4,)))
-    order = ("x", "f", "t", "u", "a", "r", "s")
-    trace = simulate(g, order, [SwapEvent(TensorRef("t"), "u", "r")])
-    assert trace.devices[""].live_bytes == (0, 1000, 2000, 3000, 1010, 2000, 1004)  # 3000 at r without
-    assert trace.buffer_of[TensorRef("r")] == TensorRef("t") and trace.buffer_of[TensorRef("u")] == TensorRef("u")
-
-
 def test_a_host_copys_handle_stays_on_the_device_from_its_producer_until_the_copy_is_back():
     # the emulated device's swap-out, right after f1's producer, leaves a 24-byte string in the arena; the
     # restore reads it and frees it before g1 runs
