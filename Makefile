@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a machine with only Python (3.9-3.11):
 #   make demo    create/reuse .venv, install seqmem, run the main job (a few minutes)
-#   make test    create/reuse .venv, install seqmem[dev], run every test (8 to 12 minutes on 2 cores, by the machine)
+#   make test    create/reuse .venv, install seqmem[dev], run every test (7 to 12 minutes on 2 cores, by the machine)
 #   make check   the fast tier: no emulated-device processes, no training runs (about 3 minutes)
 PYTHON ?= $(shell command -v python3.11 || command -v python3.10 || command -v python3.9 || command -v python3)
 VENV := .venv

@@ -74,18 +74,24 @@ STEP_PASSES: tuple[StepPass, ...] = (
 def run_passes(graph_def: graph_pb2.GraphDef, plan: SwapPlan, analysis: StepAnalysis,
                passes: Sequence[StepPass] = STEP_PASSES,
                check: Optional[Callable[[str, graph_pb2.GraphDef], None]] = None) -> PassesResult:
-    """`passes` that apply to `plan`, run in order on `graph_def`; `check(name, graph_def)` after each."""
+    """`passes` that apply to `plan`, run in order on `graph_def`; `check(name, graph_def)` after each. A pass
+    changed the GraphDef where it returned another one with other bytes."""
     changed = []
     for step_pass in passes:
         if not step_pass.applies(plan):
             continue
         result = step_pass.run(graph_def, plan, analysis)
-        if result != graph_def:
+        if result is not graph_def and _serialized(result) != _serialized(graph_def):
             changed.append(step_pass.name)
         if check is not None:
             check(step_pass.name, result)
         graph_def = result
     return PassesResult(graph_def, tuple(changed))
+
+
+def _serialized(graph_def: graph_pb2.GraphDef) -> bytes:
+    """`graph_def`'s bytes, to compare two GraphDefs by (proto equality fails on a NaN constant)."""
+    return graph_def.SerializeToString(deterministic=True)
 
 
 def rewritten_graph_def(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,

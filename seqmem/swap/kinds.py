@@ -18,12 +18,6 @@ from seqmem.ir.graph import Graph
 __all__ = ["HOST_KINDS", "KINDS", "LOSSY_KINDS", "Compress", "CompressAndSwap", "Kind", "Recompute", "Swap",
            "compressed_bytes", "kind_named"]
 
-# Janssen et al.'s conservation subgraphs, and recomputation after Checkmate / DTR / Capuchin; lossless first.
-KINDS = ("swap", "recompute", "compress", "compress+swap")
-LOSSY_KINDS = ("compress", "compress+swap")
-HOST_KINDS = ("swap", "compress+swap")  # the kinds that move a copy to host memory
-
-
 def compressed_bytes(size: int) -> int:
     """Bytes of a float32 tensor of `size` bytes cast to a 16-bit type: half, rounded up."""
     return (size + 1) // 2
@@ -114,6 +108,12 @@ class CompressAndSwap:
 
 
 Kind = Union[Swap, Recompute, Compress, CompressAndSwap]
+
+# Janssen et al.'s conservation subgraphs, and recomputation after Checkmate / DTR / Capuchin; lossless first.
+_KIND_TYPES = (Swap, Recompute, Compress, CompressAndSwap)
+KINDS = tuple(kind.name for kind in _KIND_TYPES)
+LOSSY_KINDS = (Compress.name, CompressAndSwap.name)  # the kinds that round the values
+HOST_KINDS = tuple(kind.name for kind in _KIND_TYPES if kind.to_host)  # the kinds that move a copy to the host
 
 
 def kind_named(name: str, dtype: str | None = None, nodes: tuple[str, ...] = ()) -> Kind:

@@ -15,11 +15,11 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from seqmem.ir.graph import TensorRef
-from seqmem.swap.kinds import HOST_KINDS, KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
+from seqmem.swap.kinds import KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
 from seqmem.units import MIB
 
-__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "HOST_KINDS", "KINDS", "LOSSY_KINDS", "ConservationOptions",
-           "LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
+__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "KINDS", "ConservationOptions", "LoopSwap", "SkippedCandidate",
+           "SwapDecision", "SwapPlan"]
 
 # The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
 # it covers the error of the prediction of a pinned step on one stream (`seqmem accuracy` measures it), and

@@ -1,6 +1,7 @@
 """`optimize` on a step whose memory lives in a loop: the accumulators of the NMT step's decoder and of recurrent
 layers (seqmem's, and Keras' LSTM, GRU and bidirectional, whose loops run in called functions) are swapped element
-by element, the step trains bit-identically and fits the budget the plan was made for."""
+by element, the step trains bit-identically and fits the budget the plan was made for; every pass that makes such
+a step's GraphDef applies to it and leaves a graph TensorFlow imports."""
 
 import dataclasses
 
@@ -11,6 +12,7 @@ import tensorflow as tf
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.runtime.device import run_with_budget
 from seqmem.runtime.optimize import optimize
+from seqmem.runtime.step_passes import STEP_PASSES, rewritten_graph_def
 from seqmem.units import MIB
 
 
@@ -28,9 +30,24 @@ def test_loop_swapped_nmt_step_trains_bit_identically(op_determinism):
     plan = optimized.plan
     assert len(plan.loop_swaps) >= 10 and plan.loop_parallel_iterations == 1 and plan.feasible
     assert "loop(s) swapped element by element" in plan.summary()
+    # every pass that makes the step's GraphDef applies to this plan, and each one's output imports as a graph
+    checked = []
+    passes = rewritten_graph_def(optimized.analysis, plan, optimized.backend,
+                                 check=lambda name, graph_def: checked.append(_imported(name, graph_def)))
+    assert checked == [step_pass.name for step_pass in STEP_PASSES]
+    assert {"swap loop accumulators", "bound loops", "pin loop bodies"} <= set(passes.changed)
+    assert passes.graph_def.SerializeToString(deterministic=True) \
+        == optimized.graph_def.SerializeToString(deterministic=True)  # what the step runs (a NaN constant: not ==)
     (losses, weights), (optimized_losses, optimized_weights) = _trained((step, optimized), optimized, inputs, 2)
     assert losses == optimized_losses
     assert all(np.array_equal(a, b) for a, b in zip(weights, optimized_weights))
+
+
+def _imported(name, graph_def):
+    """`name`, once `graph_def` imported into a graph without error."""
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return name
 
 
 def _trained(runs, optimized, inputs, steps):
