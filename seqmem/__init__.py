@@ -18,6 +18,7 @@ __all__ = [
     "MemoryEfficientBahdanauAttention",
     "MemoryEfficientGRU",
     "MemoryEfficientLSTM",
+    "MemoryEfficientMultiHeadAttention",
     "OptimizedStep",
     "Profile",
     "StepAnatomy",
@@ -51,6 +52,7 @@ _HOME = {
     "MemoryEfficientBahdanauAttention": "seqmem.layers.attention",
     "MemoryEfficientLSTM": "seqmem.layers.recurrent",
     "MemoryEfficientGRU": "seqmem.layers.recurrent",
+    "MemoryEfficientMultiHeadAttention": "seqmem.layers.multi_head_attention",
     "projected_mean_cross_entropy": "seqmem.layers.softmax_loss",
     "projected_sparse_cross_entropy": "seqmem.layers.softmax_loss",
 }

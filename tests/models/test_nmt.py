@@ -232,6 +232,7 @@ def test_loop_peaks_row_reports_the_spread_in_mb():
 def test_benchmark_at_a_given_batch_measures_each_variant_in_alternating_fresh_processes(tmp_path, monkeypatch,
                                                                                          capsys):
     from models.nmt import benchmark
+    from seqmem.bench import suite
     from seqmem.runtime.device import BudgetRun
 
     calls = []
@@ -242,7 +243,7 @@ def test_benchmark_at_a_given_batch_measures_each_variant_in_alternating_fresh_p
         return BudgetRun("ok", value={"peak_bytes": 300 << 20, "predicted_peak_bytes": 290 << 20, "swaps": 0,
                                       "median_step_s": 1.0, "tokens_per_s": rate})
 
-    monkeypatch.setattr(benchmark, "run_with_budget", fake_run_with_budget)
+    monkeypatch.setattr(suite, "run_with_budget", fake_run_with_budget)
     argv = ["--time-steps", "50", "--at-batch", "223", "--measure-runs", "3", "--variants", "swap,base",
             "--executor", "one-stream", "--out", str(tmp_path)]
     assert benchmark.main(argv) == 0

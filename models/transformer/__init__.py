@@ -1,0 +1,1 @@
+"""Transformer attention benchmarks: one attention layer's training memory (`attention_memory`)."""
