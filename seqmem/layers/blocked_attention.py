@@ -6,9 +6,11 @@ example and layer, held from the layer's forward pass to its backward. `blocked_
 output a block of queries and a block of keys at a time with an online softmax (Milakov & Gimelshein 2018;
 Dao et al., FlashAttention): each query row keeps its running maximum and sum, and its output is rescaled as
 blocks of keys arrive. For backward it keeps its inputs, its output and each row's log-sum-exp ([B, N, T]);
-backward recomputes each block's probabilities from them. Besides inputs, outputs and their gradients, no
-tensor larger than one block's [B, N, query_block, key_block] scores exists at a time: memory O(T * d)
-instead of O(N * T * S). The blocks run one after another (`tf.while_loop`, one iteration at a time).
+backward recomputes each block's probabilities from them once the incoming gradient has arrived (a control
+edge: no layer recomputes ahead and holds its blocks while later layers' gradients are formed). Besides
+inputs, outputs and their gradients, no tensor larger than one block's [B, N, query_block, key_block] scores
+exists at a time: memory O(T * d) instead of O(N * T * S). The blocks run one after another (a
+`tf.while_loop`, one iteration at a time; a single block runs without a loop).
 
 Masks are applied as Keras' softmax applies them: a masked score gets -1e9 added (the float16 minimum in
 float16), so a row with every key masked attends to all keys alike, as in Keras. Dropout drops
@@ -202,7 +204,8 @@ def _attention(scores: _Scores):
         output, log_sum_exp = _forward(scores, query, key, value)
 
         def grad(d_output):
-            return _backward(scores, query, key, value, output, log_sum_exp, d_output)
+            with tf.control_dependencies([d_output]):  # recompute only once the incoming gradient has arrived
+                return _backward(scores, query, key, value, output, log_sum_exp, d_output)
 
         return output, grad
 
