@@ -117,7 +117,8 @@ class _Dropout(NamedTuple):
             return probabilities
         block_seed = tf.random.experimental.stateless_fold_in(self.seed, position)
         kept = tf.random.stateless_uniform(tf.shape(probabilities), block_seed, dtype=probabilities.dtype) >= self.rate
-        return tf.where(kept, probabilities / (1.0 - self.rate), tf.zeros_like(probabilities))
+        # a scalar zero: Grappler folds zeros_like of a static shape into a constant each step keeps
+        return tf.where(kept, probabilities / (1.0 - self.rate), tf.zeros([], probabilities.dtype))
 
 
 class _Scores(NamedTuple):
