@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         args.max_batch = min(args.max_batch, 512)
         args.precision, args.timeout_s = max(args.precision, 0.5), min(args.timeout_s, 300)
     time_steps, variants = checked_arguments(parser, SUITE, args)
-    return run(SUITE, args, time_steps, variants)
+    print(run(SUITE, args, time_steps, variants))
+    return 0
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     time_steps, variants = checked_arguments(parser, SUITE, args)
     if args.model_dim % args.heads:
         parser.error(f"--heads must divide --model-dim, got {args.heads} and {args.model_dim}")
-    return run(SUITE, args, time_steps, variants)
+    print(run(SUITE, args, time_steps, variants))
+    return 0
 
 
 if __name__ == "__main__":

@@ -95,9 +95,10 @@ def checked_arguments(parser: argparse.ArgumentParser, suite: Suite,
     return time_steps, [v for v in suite.variants if v in named]
 
 
-def run(suite: Suite, args: argparse.Namespace, time_steps: list[int], variants: list[str]) -> int:
+def run(suite: Suite, args: argparse.Namespace, time_steps: list[int], variants: list[str]) -> str:
     """Search and measure every variant at every length, write `<out>/<name>-benchmark.json` after each
-    length and the chart at the end, and print the tables."""
+    length and the chart at the end (not for --at-batch); returns the tables and the files written, for the
+    benchmark script to print."""
     bench = importlib.import_module(suite.module)
     os.makedirs(args.out, exist_ok=True)
     report_path = os.path.join(args.out, f"{suite.name}-benchmark.json")
@@ -121,14 +122,12 @@ def run(suite: Suite, args: argparse.Namespace, time_steps: list[int], variants:
             report["rows"].append(row)
             write_json(report, report_path)  # each row as soon as it is measured
 
-    print(format_report(suite, report))
-    if args.at_batch is not None:
-        print(f"wrote {write_json(report, report_path)}")
-        return 0
-    chart = batch_chart(os.path.join(args.out, f"{suite.name}-batch.png"), report["rows"], "time_steps",
-                        "time steps T (source and target)", suite.chart_title.format(budget_mb=args.budget_mb))
-    print(f"wrote {write_json(report, report_path)} and {chart}")
-    return 0
+    written = write_json(report, report_path)
+    if args.at_batch is None:
+        written += " and " + batch_chart(
+            os.path.join(args.out, f"{suite.name}-batch.png"), report["rows"], "time_steps",
+            "time steps T (source and target)", suite.chart_title.format(budget_mb=args.budget_mb))
+    return f"{format_report(suite, report)}\nwrote {written}"
 
 
 def _search_batches(bench: Any, row: dict[str, Any], steps: int, model: list, variants: list[str],
