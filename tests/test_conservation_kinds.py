@@ -232,6 +232,14 @@ def test_kinds_are_kept_in_their_canonical_order_and_names():
     assert ConservationOptions(kinds="recompute").kinds == ("recompute",)
 
 
+def test_the_blocked_head_is_a_kind_of_the_step_not_of_a_tensor():
+    options = ConservationOptions(kinds=("blocked-head", "swap"))
+    assert options.kinds == ("swap", "blocked-head") and options.tensor_kinds == ("swap",) and options.blocked_head
+    alone = ConservationOptions(kinds=("blocked-head",))
+    assert alone.tensor_kinds == () and alone.blocked_head
+    assert not ConservationOptions().blocked_head
+
+
 @st.composite
 def options_of_one_candidate(draw):
     count = draw(st.integers(1, 4))

@@ -1,15 +1,21 @@
-"""Train the attention NMT model, with validation BLEU (sacrebleu) and checkpoints.
+"""Train the attention NMT model or the Transformer (models.transformer), with validation BLEU (sacrebleu)
+and checkpoints.
 
     python -m models.nmt.train --synthetic --out nmt-run --steps 600
     python -m models.nmt.train --train-prefix data/train --valid-prefix data/valid --out nmt-run
     python -m models.nmt.train --synthetic --out run --memory-budget-mb 512 --attention efficient --cells efficient --swap
+    python -m models.nmt.train --synthetic --out run --architecture transformer --attention efficient \
+        --memory-budget-mb 512 --swap --kinds swap,blocked-head
 
 A corpus prefix P names the files P.src and P.tgt (one sentence per line).
 --synthetic writes a corpus of the built-in language pair (models.nmt.synthetic)
 under --out. --memory-budget-mb runs on the emulated device of that many MiB (a
 GPU is limited to it instead when one is visible); --swap optimizes the training
-step with seqmem.optimize for that budget, once per bucket shape. The run's
-losses and BLEU scores go to <out>/log.json.
+step with seqmem.optimize for that budget (conserving by --kinds), once per
+bucket shape. --units is the Transformer's model width (--layers encoder and as
+many decoder layers, --heads heads, feed-forward 4 x units, dropout --dropout);
+its attention "tfa" is Keras' MultiHeadAttention. The run's losses and BLEU
+scores go to <out>/log.json.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ def _parse(argv):
     parser.add_argument("--out", required=True, help="folder for checkpoints, vocabularies and log.json")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--architecture", choices=("lstm", "transformer"), default="lstm")
     parser.add_argument("--units", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4, help="the Transformer's attention heads")
+    parser.add_argument("--dropout", type=float, default=0.1, help="the Transformer's dropout")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--bidirectional", action="store_true")
     parser.add_argument("--attention", choices=("tfa", "efficient"), default="tfa")
@@ -44,6 +53,7 @@ def _parse(argv):
     parser.add_argument("--beam-width", type=int, default=1, help="1: greedy decoding for validation")
     parser.add_argument("--memory-budget-mb", type=int, help="train on a device of this many MiB")
     parser.add_argument("--swap", action="store_true", help="optimize the step with seqmem for --memory-budget-mb")
+    parser.add_argument("--kinds", default="swap", help="seqmem.optimize's kinds with --swap, comma-separated")
     parser.add_argument("--synthetic-size", type=int, default=6000, help="training pairs of --synthetic")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="enable TensorFlow's op determinism")
@@ -52,7 +62,21 @@ def _parse(argv):
         parser.error("--train-prefix needs --valid-prefix")
     if args.swap and not args.memory_budget_mb:
         parser.error("--swap optimizes for a budget: give --memory-budget-mb")
-    for name in ("steps", "batch_size", "units", "layers", "vocab_size", "max_length", "eval_every", "beam_width",
+    args.kinds = tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip())
+    from seqmem.swap.plan import ConservationOptions
+
+    try:
+        ConservationOptions(args.kinds)
+    except ValueError as error:
+        parser.error(f"--kinds: {error}")
+    if args.architecture == "transformer":
+        if args.cells != "keras" or args.bidirectional or args.beam_width != 1:
+            parser.error("the Transformer has no --cells, --bidirectional or --beam-width (greedy decoding)")
+        if args.units % args.heads:
+            parser.error(f"--heads must divide --units, got {args.heads} and {args.units}")
+        if not 0 <= args.dropout < 1:
+            parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    for name in ("steps", "batch_size", "units", "heads", "layers", "vocab_size", "max_length", "eval_every", "beam_width",
                  "synthetic_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")

@@ -35,12 +35,26 @@ def bleu(model: NMTModel, pairs: Sequence[tuple[str, str]], source_vocab: Vocabu
     dataset = make_dataset(pairs, source_vocab, target_vocab, batch_size, shuffle_seed=None, bucket_width=1000)
     hypotheses, references = [], []
     bos, eos = target_vocab.encode([BOS])[0], target_vocab.encode([EOS])[0]
+    beam = {} if beam_width == 1 else {"beam_width": beam_width}  # the Transformer decodes greedily only
     for source, source_length, _, target_out, _ in dataset:
-        ids = model.translate(source, source_length, bos, eos, max_length=2 * int(source.shape[1]) + 10,
-                              beam_width=beam_width)
+        ids = model.translate(source, source_length, bos, eos, max_length=2 * int(source.shape[1]) + 10, **beam)
         hypotheses += [detokenize(target_vocab.decode(row)) for row in ids.numpy()]
         references += [detokenize(target_vocab.decode(row)) for row in target_out.numpy()]
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+def _model(args: argparse.Namespace, source_vocab: int, target_vocab: int):
+    """The model --architecture names, sized by the arguments."""
+    if args.architecture == "lstm":
+        return NMTModel(NMTConfig(source_vocab, target_vocab, args.units, args.attention, layers=args.layers,
+                                  bidirectional=args.bidirectional, cells=args.cells, loss=args.loss))
+    from models.transformer.model import TransformerConfig, TransformerModel
+
+    return TransformerModel(TransformerConfig(
+        source_vocab=source_vocab, target_vocab=target_vocab, model_dim=args.units, heads=args.heads,
+        layers=args.layers, feed_forward=4 * args.units, dropout=args.dropout,
+        max_length=2 * args.max_length + 12,  # translations of up to 2 x the source + 10 tokens
+        attention="keras" if args.attention == "tfa" else "efficient", loss=args.loss))
 
 
 class TrainingRun:
@@ -57,9 +71,7 @@ class TrainingRun:
         self.target_vocab.save(os.path.join(args.out, "vocab.tgt"))
         self.dataset = make_dataset(train_pairs, self.source_vocab, self.target_vocab, args.batch_size,
                                     max_length=args.max_length, shuffle_seed=args.seed, drop_remainder=True)
-        self.model = NMTModel(NMTConfig(len(self.source_vocab), len(self.target_vocab), args.units,
-                                        args.attention, layers=args.layers, bidirectional=args.bidirectional,
-                                        cells=args.cells, loss=args.loss))
+        self.model = _model(args, len(self.source_vocab), len(self.target_vocab))
         self.optimizer = tf.keras.optimizers.Adam(args.learning_rate)
         self.model.build_variables()  # as make_train_step: the step then traces once
         self.optimizer.build(self.model.trainable_variables)
@@ -70,8 +82,10 @@ class TrainingRun:
         self._optimized: dict[tuple, Any] = {}
 
     def _step_function(self, source, source_length, target_in, target_out, target_length):
+        training = {"training": True} if self.args.architecture == "transformer" else {}  # its dropout
         with tf.GradientTape() as tape:
-            loss = masked_mean(self.model.token_losses(source, source_length, target_in, target_out), target_length)
+            loss = masked_mean(self.model.token_losses(source, source_length, target_in, target_out, **training),
+                               target_length)
         variables = self.model.trainable_variables
         self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         return loss
@@ -86,7 +100,7 @@ class TrainingRun:
 
             specs = [tf.TensorSpec(t.shape, t.dtype) for t in batch]
             self._optimized[key] = optimize(self._train_step, self.args.memory_budget_mb, input_signature=specs,
-                                           sample_inputs=batch)
+                                           sample_inputs=batch, kinds=self.args.kinds)
         return self._optimized[key]
 
     def train(self) -> dict[str, Any]:
@@ -111,4 +125,5 @@ class TrainingRun:
                     progress.write(f"step {step}: loss {loss:.3f}, validation BLEU {score:.1f}")
                     self.checkpoints.save(checkpoint_number=step)
         log["swapped_shapes"] = sum(bool(s.plan.decisions) for s in self._optimized.values())
+        log["blocked_head_shapes"] = sum(bool(s.plan.blocked_heads) for s in self._optimized.values())
         return log

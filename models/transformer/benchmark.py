@@ -3,13 +3,14 @@
 For a Transformer encoder-decoder training step (`models.transformer.model`: --layers + --layers layers,
 --model-dim, --heads heads, feed-forward 4 x model-dim, vocabulary --vocab, dropout 0.1, Adam; source and
 target of T tokens) at each T, on the emulated device (every probe a fresh process, real OOM), the largest
-batch that trains two full steps under --budget-mb for five variants:
+batch that trains two full steps under --budget-mb for six variants:
 
     base        Keras' MultiHeadAttention and cross-entropy over the [B, T, V] logits    (B_base)
     swap        base + seqmem.optimize (feature maps swapped)
     attention   seqmem's MemoryEfficientMultiHeadAttention
-    loss        seqmem's blocked softmax cross-entropy (seqmem.layers.softmax_loss)
-    all         efficient attention, the blocked loss and swapping
+    loss        seqmem's blocked softmax cross-entropy in the model's code (seqmem.layers.softmax_loss)
+    head        base + seqmem.optimize with kinds ("blocked-head",): the vocabulary head blocked, no code change
+    all         efficient attention + seqmem.optimize with kinds ("swap", "blocked-head")
 
 and, at B_base for every variant (in an arena of twice the budget): the measured peak beside seqmem's
 predicted one, and training throughput in target tokens per second.
@@ -33,12 +34,12 @@ from seqmem.bench.suite import Suite, add_arguments, checked_arguments, run
 from seqmem.bench.workload import Workload
 from seqmem.bench.workload import measure as measure_workload
 
-# variant: (attention, loss, optimized by seqmem)
-VARIANTS = {"base": ("keras", "keras", False), "swap": ("keras", "keras", True),
-            "attention": ("efficient", "keras", False), "loss": ("keras", "efficient", False),
-            "all": ("efficient", "efficient", True)}
+# variant: (attention, loss, the kinds seqmem.optimize conserves by; () for a step run as it is)
+VARIANTS = {"base": ("keras", "keras", ()), "swap": ("keras", "keras", ("swap",)),
+            "attention": ("efficient", "keras", ()), "loss": ("keras", "efficient", ()),
+            "head": ("keras", "keras", ("blocked-head",)), "all": ("efficient", "keras", ("swap", "blocked-head"))}
 COLUMNS = {"base": "B_base (Keras)", "swap": "swap", "attention": "efficient attention", "loss": "blocked loss",
-           "all": "all"}
+           "head": "blocked head", "all": "all"}
 SUITE = Suite("transformer", "models.transformer.benchmark", COLUMNS, ("layers", "model_dim", "heads", "vocab"),
               "Transformer NMT under {budget_mb} MB (emulated device, measured)")
 
@@ -65,11 +66,11 @@ def training_step(batch: int, time_steps: int, layers: int, model_dim: int, head
 
 def workload(variant: str, time_steps: int, layers: int, model_dim: int, heads: int, vocab: int,
              budget_mb: int) -> Workload:
-    """One of VARIANTS as a benchmark workload: swapping variants are optimized for `budget_mb`."""
-    attention, loss, swapping = VARIANTS[variant]
+    """One of VARIANTS as a benchmark workload: variants with kinds are optimized for `budget_mb`."""
+    attention, loss, kinds = VARIANTS[variant]
     options = (("time_steps", time_steps), ("layers", layers), ("model_dim", model_dim), ("heads", heads),
                ("vocab", vocab), ("attention", attention), ("loss", loss))
-    return Workload(training_step, options, optimized=swapping, budget_mb=budget_mb)
+    return Workload(training_step, options, optimized=bool(kinds), budget_mb=budget_mb, kinds=kinds or ("swap",))
 
 
 def measure(variant: str, batch: int, time_steps: int, layers: int, model_dim: int, heads: int, vocab: int,

@@ -36,7 +36,8 @@ import math
 
 import tensorflow as tf
 
-__all__ = ["projected_mean_cross_entropy", "projected_sparse_cross_entropy"]
+__all__ = ["block_bounds", "blocked_gradients", "blocked_losses", "projected_mean_cross_entropy",
+           "projected_sparse_cross_entropy"]
 
 
 def projected_sparse_cross_entropy(features, labels, kernel, bias=None, *, blocks: int = 8):
@@ -89,7 +90,7 @@ def _flat_blocks(features, labels, kernel, bias, blocks):
     rows = labels.shape.num_elements()  # None when the labels' shape is not static
     flat_features = tf.reshape(features, [-1 if rows is None else rows, features.shape[-1]])
     flat_labels = tf.reshape(labels, [-1])
-    bounds = _block_bounds(rows if rows is not None else tf.shape(flat_labels)[0], blocks)
+    bounds = block_bounds(rows if rows is not None else tf.shape(flat_labels)[0], blocks)
     return flat_features, flat_labels, parameters, bounds
 
 
@@ -113,7 +114,7 @@ def _check(features: tf.Tensor, labels: tf.Tensor, parameters: list[tf.Tensor]) 
                          f"{', '.join(p.dtype.name for p in parameters)}")
 
 
-def _block_bounds(rows, blocks: int) -> list[tuple]:
+def block_bounds(rows, blocks: int) -> list[tuple]:
     """(start, end) of each row block: Python ints when `rows` is one, else scalar tensors."""
     if isinstance(rows, int):
         size = max(1, math.ceil(rows / blocks))
@@ -122,23 +123,29 @@ def _block_bounds(rows, blocks: int) -> list[tuple]:
     return [(tf.minimum(i * size, rows), tf.minimum((i + 1) * size, rows)) for i in range(blocks)]
 
 
-def _logits(features, parameters, after):
-    """features @ kernel (+ bias), the product made only once every op in `after` has run."""
+def _logits(features, parameters, after, transpose_kernel=False):
+    """features @ kernel (+ bias), the product made only once every op in `after` has run; kernel [V, H]
+    where `transpose_kernel` (a tied embedding)."""
     with tf.control_dependencies(after):
-        logits = tf.matmul(features, parameters[0])
+        logits = tf.matmul(features, parameters[0], transpose_b=transpose_kernel)
     return logits if len(parameters) == 1 else tf.nn.bias_add(logits, parameters[1])
 
 
-def _block_gradients(features, labels, parameters, row_scale, after):
+def _block_gradients(features, labels, parameters, row_scale, after, transpose_kernel=False):
     """One block's (losses, features' gradient, [kernel's, bias's] gradients) for the logits' gradient
     (softmax - one_hot) * row_scale[:, None]; its logits made once every op in `after` has run."""
-    logits = _logits(features, parameters, after)
+    logits = _logits(features, parameters, after, transpose_kernel)
     losses, softmax_minus_one_hot = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels)
     d_logits = softmax_minus_one_hot * row_scale[:, tf.newaxis]
-    d_parameters = [tf.matmul(features, d_logits, transpose_a=True)]
+    if transpose_kernel:
+        d_parameters = [tf.matmul(d_logits, features, transpose_a=True)]
+        d_features = tf.matmul(d_logits, parameters[0])
+    else:
+        d_parameters = [tf.matmul(features, d_logits, transpose_a=True)]
+        d_features = tf.matmul(d_logits, parameters[0], transpose_b=True)
     if len(parameters) == 2:
         d_parameters.append(tf.reduce_sum(d_logits, axis=0))
-    return losses, tf.matmul(d_logits, parameters[0], transpose_b=True), d_parameters
+    return losses, d_features, d_parameters
 
 
 def _summed(totals: list, block: list) -> list:
@@ -146,30 +153,42 @@ def _summed(totals: list, block: list) -> list:
     return [b if total is None else total + b for total, b in zip(totals, block)]
 
 
+def blocked_losses(features, labels, parameters, bounds, *, transpose_kernel=False):
+    """Cross-entropy losses [rows] of the row blocks `bounds` of features [rows, H] against labels [rows],
+    one block's logits at a time. parameters: [kernel] or [kernel, bias]; kernel [H, V], or [V, H] where
+    `transpose_kernel`. Not differentiable as such: `blocked_gradients` is its gradient."""
+    losses, after = [], []
+    for start, end in bounds:
+        logits = _logits(features[start:end], parameters, after, transpose_kernel)  # one block's logits at a time
+        loss, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels[start:end])
+        losses.append(loss)
+        after = [loss]
+    return tf.concat(losses, axis=0)
+
+
+def blocked_gradients(features, labels, parameters, bounds, d_losses, *, transpose_kernel=False):
+    """The gradients (features', kernel's[, bias's]) of `blocked_losses` for its incoming gradient d_losses
+    [rows], recomputing each block's logits once d_losses exists, one block after another."""
+    d_features, d_parameters = [], [None] * len(parameters)
+    after = [d_losses]  # recompute only once the loss's gradient has arrived
+    for start, end in bounds:
+        _, d_block, block = _block_gradients(features[start:end], labels[start:end], parameters,
+                                             d_losses[start:end], after, transpose_kernel)
+        d_features.append(d_block)
+        d_parameters = _summed(d_parameters, block)
+        after = [d_block, *d_parameters]
+    return (tf.concat(d_features, axis=0), *d_parameters)
+
+
 def _blocked_loss(labels: tf.Tensor, bounds: list[tuple]):
     """The custom-gradient function (features [rows, H], kernel, [bias]) -> losses [rows]."""
 
     @tf.custom_gradient
     def blocked_loss(features, *parameters):
-        losses, after = [], []
-        for start, end in bounds:
-            logits = _logits(features[start:end], parameters, after)  # one block's logits at a time
-            loss, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=logits, labels=labels[start:end])
-            losses.append(loss)
-            after = [loss]
-
         def grad(d_losses):
-            d_features, d_parameters = [], [None] * len(parameters)
-            after = [d_losses]  # recompute only once the loss's gradient has arrived
-            for start, end in bounds:
-                _, d_block, block = _block_gradients(features[start:end], labels[start:end], parameters,
-                                                     d_losses[start:end], after)
-                d_features.append(d_block)
-                d_parameters = _summed(d_parameters, block)
-                after = [d_block, *d_parameters]
-            return (tf.concat(d_features, axis=0), *d_parameters)
+            return blocked_gradients(features, labels, parameters, bounds, d_losses)
 
-        return tf.concat(losses, axis=0), grad
+        return blocked_losses(features, labels, parameters, bounds), grad
 
     return blocked_loss
 

@@ -84,7 +84,7 @@ def conservation_candidates(analysis: StepAnalysis, trace: MemoryTrace, machine:
             skipped.append(SkippedCandidate(ref, size, f"lives {1e3 * slack:.3f} ms, under min_slack_s"))
             continue
         kinds, reasons = [], []
-        for kind in options.kinds:
+        for kind in options.tensor_kinds:
             for late in _restore_timings(kind, machine):
                 option = _option(kind, analysis, ref, size, consumers, out_pos, position, triggers, machine,
                                  options, late)

@@ -1,9 +1,10 @@
 """`seqmem.optimize`: make a training step fit a memory budget by conserving feature maps.
 
 Three parts: plan (`seqmem.plan.choose_conservations`, pure, for a target below the
-budget), build the runnable step (`seqmem.runtime.optimized_step`), and on a
-measuring device calibrate: run the step, and plan again for less when its
-measured peak exceeds the budget.
+budget; for each form the step may take, as it is or with its vocabulary heads
+blocked, the cheapest fitting plan taken), build the runnable step
+(`seqmem.runtime.optimized_step`), and on a measuring device calibrate: run the
+step, and plan again for less when its measured peak exceeds the budget.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from seqmem.ir.graph import TensorRef
 from seqmem.runtime import device, stall_watch
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
-from seqmem.runtime.step_analysis import analyze_function
+from seqmem.runtime.step_analysis import analyze_function, with_blocked_heads
 from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, workers_of
 from seqmem.swap.barriers import gradient_barriers
-from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions, SwapPlan
+from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, BlockedHead, ConservationOptions, SwapPlan
 from seqmem.swap.rewrite import SwapBackend
 from seqmem.units import MIB
 
@@ -73,7 +74,15 @@ def optimize(
     to host memory, "recompute" from tensors the device keeps anyway, and, only
     with `compression` ("float16" or "bfloat16"), "compress" (cast on the device)
     and "compress+swap"; per tensor the cheapest kind that helps is chosen.
-    Compression changes the step's numbers; the other kinds do not.
+    And "blocked-head": each vocabulary head (a projection to logits, sparse
+    softmax cross-entropy and their gradient, `seqmem.swap.vocabulary_head`)
+    computed a block of rows at a time, its logits recomputed in backward; the
+    step is planned with and without, and the plan that fits at the lower
+    predicted cost is taken (the plan lists the heads, and says why a
+    cross-entropy was not recognized as one).
+    Compression changes the step's numbers, and "blocked-head" sums the head's
+    weight gradients block by block (equal up to float rounding); the other
+    kinds do not change them.
     machine: the cost model's constants (default: `critical_path.EMULATED_DEVICE`
     with the emulated device's backend, where a swap takes the compute's own
     time, else `MachineModel()`).
@@ -142,10 +151,10 @@ def optimize(
     loop_swap_depth = _loop_swap_depth(backend, loop_parallel_iterations)
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
         analysis = analyze_function(target, loss=loss, machine=machine)
-        planner = _Planner(analysis, budget_bytes, machine, options, measurable=False, pinned=False,
-                           loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
-        result, _ = planner.plan(target_bytes, _Arena(None))
-        return build_step(analysis, result.fitting_plan(), backend)
+        forms = _forms(analysis, budget_bytes, machine, options, measurable=False, pinned=False,
+                       loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
+        plan = forms.plan(target_bytes, _Arena(None))[0].fitting_plan()
+        return build_step(forms.analysis_of(plan), plan, backend)
     if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
         raise TypeError(
             f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
@@ -162,9 +171,9 @@ def optimize(
     if workers is not None:
         analysis = _agreed(analysis, workers)
     arena_mb = device.emulated_budget_mb()
-    planner = _Planner(analysis, budget_bytes, machine, options, measurable=calibrating,
-                       pinned=pin_order and bool(analysis.pinned_order),
-                       loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
+    planner = _forms(analysis, budget_bytes, machine, options, measurable=calibrating,
+                     pinned=pin_order and bool(analysis.pinned_order),
+                     loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
     result, arena = planner.plan(target_bytes, _Arena(None if arena_mb is None else arena_mb * MIB))
     plan = result.plan
     if not result.fits and (not calibrating or plan is None or plan.predicted_peak_after_bytes > budget_bytes):
@@ -172,13 +181,24 @@ def optimize(
     # Where no plan fits: the margin is room for the predictor's error. No plan leaves all of it; the
     # most-conserving one leaves the most, and calibration measures whether that is enough.
     if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
-        step, arena = _calibrated(_built(analysis, plan, backend, function, original, workers), planner, arena,
-                                  backend, sample_inputs)
+        step, arena = _calibrated(_built(planner.analysis_of(plan), plan, backend, function, original, workers),
+                                  planner, arena, backend, sample_inputs)
     else:
-        step = _built(analysis, plan, backend, function, original, workers)
+        step = _built(planner.analysis_of(plan), plan, backend, function, original, workers)
     if workers is None:  # several workers re-planning apart would issue their collectives apart
         step.replan = lambda failed_plan: _plan_for_less(planner, arena, failed_plan, measured=None)[0]
     return step
+
+
+def _forms(analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, options: ConservationOptions,
+           **planner_options) -> "_Forms":
+    """The forms `analysis`' step may run in: as it is and, where `options` allow blocked heads and the step
+    has one, with its vocabulary heads blocked (`with_blocked_heads`); a planner for each."""
+    blocked, heads, notes = (with_blocked_heads(analysis, budget_bytes, machine) if options.blocked_head
+                             else (None, (), ()))
+    forms = [(analysis, ())] + ([(blocked, heads)] if blocked is not None else [])
+    return _Forms([_Planner(form, budget_bytes, machine, options, blocked_heads=form_heads, notes=notes,
+                            **planner_options) for form, form_heads in forms])
 
 
 def _built(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend, function: capture.ConcreteFunction,
@@ -252,6 +272,31 @@ class _Arena:
     unplaced: Optional[str] = None
 
 
+class _Forms:
+    """The planners of a step's forms (`_forms`), planned as one: each plan is the cheapest form's."""
+
+    def __init__(self, planners: Sequence["_Planner"]) -> None:
+        self._planners = tuple(planners)
+        self.budget_bytes = planners[0].budget_bytes
+
+    def plan(self, target_bytes: int, arena: _Arena) -> tuple[PlanResult, _Arena]:
+        """Of each form's plan for `target_bytes` (`_Planner.plan`): the one that fits at the lowest predicted
+        overhead (the first form on a tie), else the one with the lowest peak; and the arena it leaves."""
+        tried = [planner.plan(target_bytes, arena) for planner in self._planners]
+        fitting = [one for one in tried if one[0].fits]
+        if fitting:
+            return min(fitting, key=lambda one: one[0].plan.predicted_overhead_s)
+        return min(tried, key=lambda one: one[0].smallest_peak_bytes)
+
+    def persistent_bytes(self, arena: _Arena) -> int:
+        """The least any form's `_Planner.persistent_bytes` is."""
+        return min(planner.persistent_bytes(arena) for planner in self._planners)
+
+    def analysis_of(self, plan: SwapPlan) -> StepAnalysis:
+        """The analysis of the form `plan` was made for (the one with its blocked heads)."""
+        return next(planner.analysis for planner in self._planners if planner.blocked_heads == plan.blocked_heads)
+
+
 class _Planner:
     """`choose_conservations` for one analysed step at varying targets and arenas, each baseline simulated
     once; the orders it may pin the step to, refined at most once.
@@ -263,12 +308,16 @@ class _Planner:
     gradient exists.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
     loop_swap_depth: `choose_conservations`' (None: no loop swaps).
+    blocked_heads: the vocabulary heads `analysis`' step has blocked (`with_blocked_heads`), which every
+    plan lists, their cost in its overhead; notes: lines every plan carries.
     """
 
     def __init__(self, analysis: StepAnalysis, budget_bytes: int, machine: MachineModel, options: ConservationOptions,
                  measurable: bool, pinned: bool, loop_parallel_iterations: Optional[int],
-                 loop_swap_depth: Optional[int]) -> None:
+                 loop_swap_depth: Optional[int], blocked_heads: tuple[BlockedHead, ...] = (),
+                 notes: tuple[str, ...] = ()) -> None:
         self.analysis, self.budget_bytes = analysis, budget_bytes
+        self.blocked_heads, self._notes = blocked_heads, notes
         self._loop_bound = _loop_bound(analysis, loop_parallel_iterations)
         self._options = {"machine": machine, "options": options, "loop_swap_depth": loop_swap_depth}
         self._measurable = measurable
@@ -300,8 +349,11 @@ class _Planner:
                                  f"arena (predicted peak {result.smallest_peak_bytes / MIB:.1f} MB)")
             result = self._first_fitting(target_bytes, None)
         if result.plan is not None:
-            bound = result.plan.loop_parallel_iterations or self._loop_bound
-            result = dataclasses.replace(result, plan=dataclasses.replace(result.plan, loop_parallel_iterations=bound))
+            plan = result.plan
+            result = dataclasses.replace(result, plan=dataclasses.replace(
+                plan, loop_parallel_iterations=plan.loop_parallel_iterations or self._loop_bound,
+                blocked_heads=self.blocked_heads, notes=plan.notes + self._notes,
+                predicted_overhead_s=plan.predicted_overhead_s + sum(head.cost_s for head in self.blocked_heads)))
         return result, arena
 
     def _first_fitting(self, target_bytes: int, arena_bytes: Optional[int]) -> PlanResult:
@@ -366,7 +418,7 @@ class _Planner:
         return self._baselines[arena_bytes, order.name]
 
 
-def _calibrated(step: OptimizedStep, planner: _Planner, arena: _Arena, backend: SwapBackend,
+def _calibrated(step: OptimizedStep, planner: "_Forms", arena: _Arena, backend: SwapBackend,
                 sample_inputs: Any) -> tuple[OptimizedStep, _Arena]:
     """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
     for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
@@ -390,11 +442,11 @@ def _calibrated(step: OptimizedStep, planner: _Planner, arena: _Arena, backend: 
         # Left to the collector, it shares the arena with the next plan's step, which then measures high or,
         # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
         gc.collect()
-        step = _built(planner.analysis, plan, backend, function, original, workers)
+        step = _built(planner.analysis_of(plan), plan, backend, function, original, workers)
     return step, arena
 
 
-def _plan_for_less(planner: _Planner, arena: _Arena, plan: SwapPlan, measured: Optional[int],
+def _plan_for_less(planner: "_Forms", arena: _Arena, plan: SwapPlan, measured: Optional[int],
                    lowest_measured: Optional[int] = None) -> tuple[SwapPlan, _Arena]:
     """The plan to run after `plan` peaked at `measured` bytes on the device (None: it ran out of memory):
     aimed below what `plan` predicted by the overshoot, at least 5% of its target (10% after an OOM); the

@@ -69,7 +69,7 @@ class OptimizedStep:
         self._run = None
         if function is not None:
             unchanged = (not plan.decisions and not plan.loop_swaps and not plan.pinned_order
-                         and not plan.split_barriers and plan.loop_parallel_iterations is None)
+                         and not plan.split_barriers and plan.loop_parallel_iterations is None and not plan.blocked_heads)
             self._run = original if unchanged and original is not None else graph_def_runner(function, graph_def)
 
     def __call__(self, *args: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, Optional, Union
@@ -14,6 +15,7 @@ from seqmem.critical_path import MachineModel
 from seqmem.edge import capture, list_sizes
 from seqmem.gc_pause import gc_paused
 from seqmem.edge.bodies import body_memory, handed_over
+from seqmem.edge.head_nodes import blocked_head
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.edge.trip_counts import measured_trip_counts
@@ -23,9 +25,15 @@ from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import simulate
-from seqmem.swap.plan import LoopSwap
+from seqmem.swap.plan import BlockedHead, LoopSwap
+from seqmem.swap.vocabulary_head import find_heads
 
-__all__ = ["analyze_function", "inter_op_threads", "predicted_peak_bytes"]
+__all__ = ["analyze_function", "inter_op_threads", "predicted_peak_bytes", "with_blocked_heads"]
+
+# A blocked head's row blocks: one block's [rows, V] logits take at most this share of the memory budget. A
+# block holds about three such tensors at once (logits, softmax gradient, scaled gradient); more blocks
+# cost only ops (the products are as large in total).
+_BLOCK_SHARE_OF_BUDGET = 1 / 64
 
 
 def analyze_function(
@@ -109,3 +117,30 @@ def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int
     """
     analysis = analyze_function(function, measure_scratch=measure_scratch)
     return simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
+
+
+def with_blocked_heads(analysis: StepAnalysis, budget_bytes: int, machine: MachineModel
+                       ) -> tuple[Optional[StepAnalysis], tuple[BlockedHead, ...], tuple[str, ...]]:
+    """The analysis of `analysis`'s step with each vocabulary head it has (`seqmem.swap.vocabulary_head`)
+    replaced by its blocked computation, in row blocks whose logits take at most 1/64 of `budget_bytes`
+    each; the heads replaced; and one line for each cross-entropy of the step that is not a recognized head,
+    saying why. (None, (), lines) where the step has no head. The replaced step's nodes keep their measured
+    times and scratch; the new ones are costed statically (`machine`).
+    """
+    search = find_heads(analysis.graph, analysis.anatomy.backward)
+    notes = tuple(f"vocabulary head not blocked: {reason}" for reason in search.unrecognized)
+    if not search.heads:
+        return None, (), notes
+    graph, heads = analysis.graph, []
+    for number, head in enumerate(search.heads):
+        blocks = min(head.rows, math.ceil(head.logits_bytes / (budget_bytes * _BLOCK_SHARE_OF_BUDGET)))
+        graph = blocked_head(graph, head, blocks, f"seqmem_head/{number}")
+        heads.append(BlockedHead(head.loss, head.rows, head.hidden, head.vocabulary, blocks, head.logits_bytes,
+                                 analysis.timing.cost_s.get(head.projection, 0.0)))
+    blocked = analyze_graph(graph, loss=analysis.anatomy.loss, machine=machine, op_time_s=analysis.timing.cost_s,
+                            measured_scratch_bytes=analysis.scratch_bytes, inter_op_threads=inter_op_threads(),
+                            loop_swaps=analysis.loop_swaps, iterations=analysis.iterations)
+    blocked = dataclasses.replace(blocked, arena_reserved=analysis.arena_reserved,
+                                  in_use_before_bytes=analysis.in_use_before_bytes,
+                                  default_device=analysis.default_device)
+    return blocked, tuple(heads), notes

@@ -3,8 +3,9 @@
 `schedule`: nodes by estimated start time (ASAP), for an executor that runs
 independent ops at once. `executor_order`: the order TensorFlow's executor runs
 a graph in with one inter-op thread (the emulated device's one compute stream).
-`deferred_schedule`: the ASAP schedule with what reads no step input (variables,
-constants) and is read only after the loss moved to just before its first reader. `pinned_order`: the order
+`deferred_schedule`: the ASAP schedule with what reads no step input moved to just
+before its first reader (from variables: where only backward reads it; from constants
+alone, such as a dropout's random mask: always). `pinned_order`: the order
 TensorFlow runs the graph in once `seqmem.swap.pin` has chained the deferred
 schedule's nodes with control edges.
 """
@@ -34,11 +35,13 @@ def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
 
 
 def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = None) -> tuple[str, ...]:
-    """`schedule`, except that each node reading none of the step's inputs, directly or not (only
-    variables and constants: an optimizer's `momentum * slot`), and read only after the loss (by the
-    backward pass and the updates: descendants of `loss_node`), comes right before its first reader
-    instead of at the start, so that what it allocates is not held through the forward pass. Without
-    `loss_node`, the ASAP `schedule`."""
+    """`schedule`, except that each node reading none of the step's inputs, directly or not, comes right
+    before its first reader instead of at the start, so that what it allocates is not held from the start
+    of the step: where it reads only constants (a dropout's random mask of a static shape; TensorFlow draws
+    a random op's values from its own seed, wherever it runs), and where it reads variables too and only
+    what runs after the loss reads it (an optimizer's `momentum * slot`, read by the updates: descendants
+    of `loss_node`). A node that reads a resource itself (a variable, a random generator's state) keeps its
+    place among the forward's nodes. Without `loss_node`, the ASAP `schedule`."""
     order = schedule(graph, timing)
     if loss_node is None:
         return order
@@ -46,12 +49,15 @@ def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = N
     inputs = [name for name, node in graph.nodes.items()
               if node.op in STEP_ARGUMENT_OPS and any(out.dtype != "resource" for out in node.outputs)]
     reads_inputs = graph.descendants(inputs) | set(inputs)
+    reads_resources = {name for name, node in graph.nodes.items()
+                       if any(graph.tensor(ref).dtype == "resource" for ref in node.inputs)}
+    reads_variables = graph.descendants(reads_resources) | reads_resources
     key = {name: (i, 0) for i, name in enumerate(order)}  # sorted by (position, -depth before it)
     for name in reversed(graph.topological_order()):
         if name in reads_inputs or graph.node(name).op in PERSISTENT_OPS:
             continue
         readers = graph.successors(name)
-        if readers and readers <= after_loss:
+        if readers and (name not in reads_variables or readers <= after_loss):
             position, depth = min((key[reader] for reader in readers), key=lambda k: (k[0], -k[1]))
             key[name] = (position, depth + 1)
     topological = {name: i for i, name in enumerate(graph.topological_order())}

@@ -3,7 +3,8 @@
 A `SwapPlan` lists every conserved tensor with its size, how it is conserved
 (a kind of `seqmem.swap.kinds`: swapped, compressed, both, or recomputed), the backward nodes
 that read it back, and the trigger node after which it is restored; every loop
-accumulator swapped element by element (`LoopSwap`); the budget; the predicted
+accumulator swapped element by element (`LoopSwap`); every vocabulary head computed
+by blocks of rows (`BlockedHead`); the budget; the predicted
 peak before and after; what was skipped and why. The rewriter
 takes only a graph and a plan; reports read the plan. `to_json`/`from_json`
 round-trip it.
@@ -18,13 +19,18 @@ from seqmem.ir.graph import TensorRef
 from seqmem.swap.kinds import KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
 from seqmem.units import MIB
 
-__all__ = ["COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "KINDS", "ConservationOptions", "LoopSwap", "SkippedCandidate",
-           "SwapDecision", "SwapPlan"]
+__all__ = ["BLOCKED_HEAD", "COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "KINDS", "BlockedHead", "ConservationOptions",
+           "LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
 
 # The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
 # it covers the error of the prediction of a pinned step on one stream (`seqmem accuracy` measures it), and
 # calibration measures each plan and plans again for less where one does not fit.
 DEFAULT_SAFETY_MARGIN = 0.05
+
+# The kind that replaces a vocabulary head (projection -> sparse softmax cross-entropy, with its gradient) by a
+# blocked computation (`seqmem.swap.vocabulary_head`); a kind of the step, not of one tensor. Opt-in: the
+# kernel's and the bias's gradients are summed block by block, so they equal the original's up to float rounding.
+BLOCKED_HEAD = "blocked-head"
 
 # What a compressed float32 tensor is cast to, by the names `ConservationOptions.compression` accepts.
 COMPRESSED_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -34,7 +40,7 @@ COMPRESSED_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloa
 class ConservationOptions:
     """What the selector may do (after the seed's and TFLMS' user options).
 
-    kinds: the allowed `KINDS`. compression: the dtype compressed kinds cast float32 tensors to ("float16" or
+    kinds: the allowed `KINDS`, and `BLOCKED_HEAD` (`tensor_kinds`: those of `KINDS`). compression: the dtype compressed kinds cast float32 tensors to ("float16" or
     "bfloat16"; "fp16"/"bf16" accepted); required by, and only allowed with, a compressed kind, since it changes
     the step's numbers. min_bytes: the smallest tensor considered. min_slack_s: the shortest lifetime
     considered, seconds from its producer's completion to its first backward reader's start.
@@ -52,10 +58,10 @@ class ConservationOptions:
 
     def __post_init__(self) -> None:
         kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
-        unknown = [kind for kind in kinds if kind not in KINDS]
+        unknown = [kind for kind in kinds if kind not in KINDS + (BLOCKED_HEAD,)]
         if unknown or not kinds:
-            raise ValueError(f"kinds must be a non-empty selection of {KINDS}, got {self.kinds!r}")
-        object.__setattr__(self, "kinds", tuple(kind for kind in KINDS if kind in kinds))
+            raise ValueError(f"kinds must be a non-empty selection of {KINDS + (BLOCKED_HEAD,)}, got {self.kinds!r}")
+        object.__setattr__(self, "kinds", tuple(kind for kind in KINDS + (BLOCKED_HEAD,) if kind in kinds))
         lossy = [kind for kind in self.kinds if kind in LOSSY_KINDS]
         if self.compression is not None:
             if self.compression not in COMPRESSED_DTYPES:
@@ -74,6 +80,16 @@ class ConservationOptions:
             raise ValueError(f"max_decisions must be a non-negative int or None, got {self.max_decisions!r}")
         if self.max_host_bytes is not None and (not isinstance(self.max_host_bytes, int) or self.max_host_bytes < 0):
             raise ValueError(f"max_host_bytes must be a non-negative int or None, got {self.max_host_bytes!r}")
+
+    @property
+    def tensor_kinds(self) -> tuple[str, ...]:
+        """The allowed kinds a single tensor is conserved by (`KINDS`)."""
+        return tuple(kind for kind in self.kinds if kind in KINDS)
+
+    @property
+    def blocked_head(self) -> bool:
+        """Whether a vocabulary head may be replaced by its blocked computation (`BLOCKED_HEAD`)."""
+        return BLOCKED_HEAD in self.kinds
 
     def describe(self) -> str:
         """One line for `SwapPlan.summary`: "options: kinds swap, recompute; tensors of at least 65536 bytes"."""
@@ -184,6 +200,21 @@ class LoopSwap:
 
 
 @dataclass(frozen=True)
+class BlockedHead:
+    """A vocabulary head replaced by its blocked computation (`seqmem.swap.vocabulary_head`): its
+    cross-entropy node, the logits' [rows, vocabulary] from features of `hidden` units, the row blocks,
+    the bytes of one [rows, vocabulary] tensor, and the predicted seconds the recomputed projection adds."""
+
+    loss: str
+    rows: int
+    hidden: int
+    vocabulary: int
+    blocks: int
+    logits_bytes: int
+    cost_s: float
+
+
+@dataclass(frozen=True)
 class SkippedCandidate:
     """A feature map the selector did not swap, and why."""
 
@@ -214,6 +245,8 @@ class SwapPlan:
     loop_swaps: loop accumulators swapped element by element; each loop then
     holds at most `loop_parallel_iterations` of their elements on the device.
     loop_swapped_bytes: the device bytes their full lists held.
+    blocked_heads: vocabulary heads replaced by their blocked computation; the plan's tensors and order
+    are those of the graph with them replaced (their cost is in `predicted_overhead_s`).
     options: what the selector was allowed to do.
     """
 
@@ -231,6 +264,7 @@ class SwapPlan:
     loop_parallel_iterations: int | None = None
     loop_swaps: tuple[LoopSwap, ...] = ()
     loop_swapped_bytes: int = 0
+    blocked_heads: tuple[BlockedHead, ...] = ()
     options: ConservationOptions = ConservationOptions()
 
     @property
@@ -263,6 +297,10 @@ class SwapPlan:
             lines.append(f"{len(self.loop_swaps)} loop accumulators of {loops} loop(s) swapped element by element "
                          f"({self.loop_swapped_bytes / MIB:.1f} MB; prefetch depth "
                          f"{self.loop_parallel_iterations} iteration(s))")
+        for head in self.blocked_heads:
+            lines.append(f"vocabulary head {head.loss} blocked: [{head.rows}, {head.vocabulary}] logits "
+                         f"({head.logits_bytes / MIB:.1f} MB) in {head.blocks} row blocks, recomputed in backward "
+                         f"(predicted {1e3 * head.cost_s:.2f} ms)")
         if self.split_barriers:
             lines.append(f"updates run as their gradients come: {len(self.split_barriers)} gradient barrier(s) split "
                          f"(see seqmem.swap.barriers)")
@@ -312,9 +350,11 @@ class SwapPlan:
             LoopSwap(**{**s, "element_shape": None if s["element_shape"] is None else tuple(s["element_shape"])})
             for s in data.pop("loop_swaps", ())
         )
+        blocked_heads = tuple(BlockedHead(**head) for head in data.pop("blocked_heads", ()))
         options = data.pop("options", None)
         options = ConservationOptions() if options is None else ConservationOptions(
             **{**options, "kinds": tuple(options["kinds"])})
         return cls(**{**data, "notes": tuple(data.get("notes", ())), "pinned_order": tuple(data.get("pinned_order", ())),
                       "split_barriers": tuple(data.get("split_barriers", ()))},
-                   decisions=decisions, skipped=skipped, loop_swaps=loop_swaps, options=options)
+                   decisions=decisions, skipped=skipped, loop_swaps=loop_swaps, blocked_heads=blocked_heads,
+                   options=options)

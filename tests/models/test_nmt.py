@@ -171,13 +171,26 @@ def test_training_learns_the_synthetic_language_and_decodes(tmp_path):
     assert run.checkpoints.latest_checkpoint and (tmp_path / "vocab.src").exists()
 
 
+@pytest.mark.slow
+def test_the_transformer_learns_the_synthetic_language(tmp_path):
+    args = train._parse(["--synthetic", "--out", str(tmp_path), "--architecture", "transformer", "--steps", "200",
+                         "--eval-every", "200", "--units", "64", "--layers", "1", "--synthetic-size", "1000",
+                         "--max-length", "20", "--dropout", "0"])
+    log = TrainingRun(args, *corpus_pairs(args)).train()
+    assert log["loss"][-1]["loss"] < log["loss"][0]["loss"] / 3
+    assert log["bleu"][-1]["bleu"] > 20
+
+
 def test_train_script_bad_input(tmp_path, capsys):
     assert train.main(["--train-prefix", str(tmp_path / "nope"), "--valid-prefix", str(tmp_path / "nope"),
                        "--out", str(tmp_path / "run")]) == 2
     assert "does not exist" in capsys.readouterr().err
     for argv in (["--out", "x"], ["--synthetic", "--out", "x", "--swap"], ["--synthetic", "--out", "x", "--steps", "0"],
                  ["--synthetic", "--out", "x", "--attention", "luong"], ["--train-prefix", "a", "--out", "x"],
-                 ["--synthetic", "--out", "x", "--frobnicate"]):
+                 ["--synthetic", "--out", "x", "--frobnicate"], ["--synthetic", "--out", "x", "--kinds", "fold"],
+                 ["--synthetic", "--out", "x", "--architecture", "transformer", "--units", "30", "--heads", "4"],
+                 ["--synthetic", "--out", "x", "--architecture", "transformer", "--beam-width", "3"],
+                 ["--synthetic", "--out", "x", "--architecture", "transformer", "--dropout", "1.5"]):
         with pytest.raises(SystemExit) as exit_info:
             train.main(argv)
         assert exit_info.value.code == 2
