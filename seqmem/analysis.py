@@ -19,6 +19,7 @@ from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
+from seqmem.swap.backward_views import split_backward_views
 from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
 from seqmem.swap.plan import LoopSwap, SwapPlan
 
@@ -93,7 +94,8 @@ def analyze_graph(
     body_bytes: Optional[Mapping[str, int]] = None,
     iterations: Optional[Mapping[str, Iteration]] = None,
 ) -> StepAnalysis:
-    """Analyze the training step `graph`.
+    """Analyze the training step `graph`, each backward reader of a forward view given a view of its own
+    (`seqmem.swap.backward_views`; `StepAnalysis.graph` is the graph with them).
 
     op_time_s: measured seconds per node (static costs from shapes otherwise).
     measured_scratch_bytes: kernels' scratch bytes measured on a device, by node
@@ -111,6 +113,9 @@ def analyze_graph(
     """
     with gc_paused():  # pure Python over a possibly large graph
         anatomy = analyze_step(graph, loss)
+        split = split_backward_views(graph, anatomy.forward, anatomy.backward)
+        if split is not graph:
+            graph, anatomy = split, analyze_step(split, anatomy.loss)
         cost_s = static_costs(graph, machine)
         if op_time_s is not None:
             cost_s = measured_costs(graph, op_time_s, cost_s)

@@ -6,7 +6,7 @@ import sys
 CORE = ["seqmem", "seqmem.ir", "seqmem.ir.graph", "seqmem.ir.op_tables", "seqmem.anatomy", "seqmem.critical_path",
         "seqmem.analysis", "seqmem.sim.simulator", "seqmem.sim.allocator", "seqmem.sim.scratch", "seqmem.sim.schedule",
         "seqmem.plan", "seqmem.layers", "seqmem.swap.plan", "seqmem.swap.kinds", "seqmem.swap.triggers",
-        "seqmem.swap.rewrite", "seqmem.swap.vocabulary_head", "seqmem.errors", "seqmem.units", "seqmem.cli"]
+        "seqmem.swap.rewrite", "seqmem.swap.vocabulary_head", "seqmem.swap.backward_views", "seqmem.errors", "seqmem.units", "seqmem.cli"]
 
 
 def test_importing_the_core_does_not_import_tensorflow():

@@ -160,9 +160,11 @@ def _head(graph: Graph, loss: Node) -> VocabularyHead:
             elif reader.op == "MatMul" and d_features is None and _is_features_gradient(reader, ref, kernel,
                                                                                           transpose_kernel):
                 d_features = TensorRef(name, 0)
-            elif reader.op == "MatMul" and d_kernel is None and _is_kernel_gradient(reader, ref, features,
+            elif reader.op == "MatMul" and d_kernel is None and _is_kernel_gradient(graph, reader, ref, features,
                                                                                     transpose_kernel):
                 d_kernel = TensorRef(name, 0)
+                gradient_nodes.update(_own_view(graph, ref, name) for ref in reader.inputs
+                                      if ref != features and _own_view(graph, ref, name))
             else:
                 raise _Unrecognized(f"the logits' gradient {ref} is read by {name} ({reader.op}), not by the "
                                     f"projection's or the bias's gradient")
@@ -228,10 +230,30 @@ def _is_features_gradient(node: Node, d_logits: TensorRef, kernel: TensorRef, tr
             and _attr_b(node, "transpose_b") != transpose_kernel)
 
 
-def _is_kernel_gradient(node: Node, d_logits: TensorRef, features: TensorRef, transpose_kernel: bool) -> bool:
-    """MatMul(features^T, d_logits) for a [H, V] kernel, MatMul(d_logits^T, features) for a [V, H] one."""
-    inputs = (d_logits, features) if transpose_kernel else (features, d_logits)
-    return node.inputs == inputs and _attr_b(node, "transpose_a") and not _attr_b(node, "transpose_b")
+def _is_kernel_gradient(graph: Graph, node: Node, d_logits: TensorRef, features: TensorRef,
+                        transpose_kernel: bool) -> bool:
+    """MatMul(features^T, d_logits) for a [H, V] kernel, MatMul(d_logits^T, features) for a [V, H] one; the
+    features may be the reader's own copy of their view (`seqmem.swap.backward_views`)."""
+    read = (node.inputs[1], node.inputs[0]) if transpose_kernel else node.inputs
+    return (read[1] == d_logits and _same_value(graph, read[0], features) and _attr_b(node, "transpose_a")
+            and not _attr_b(node, "transpose_b"))
+
+
+def _same_value(graph: Graph, ref: TensorRef, other: TensorRef) -> bool:
+    """`ref` is `other`, or a copy of its view: the same op over the same inputs."""
+    if ref == other:
+        return True
+    node, original = graph.node(ref.node), graph.node(other.node)
+    return ref.index == other.index and node.op == original.op and node.inputs == original.inputs and \
+        node.op in _ROW_VIEWS | {"ExpandDims", "Squeeze"}
+
+
+def _own_view(graph: Graph, ref: TensorRef, reader: str) -> Optional[str]:
+    """The node of `ref` where it is a view copy that only `reader` reads (a backward reader's own view)."""
+    node = graph.node(ref.node)
+    if node.op in _ROW_VIEWS | {"ExpandDims", "Squeeze"} and set(graph.successors(node.name)) == {reader}:
+        return node.name
+    return None
 
 
 def _attr_b(node: Node, key: str) -> bool:
