@@ -26,7 +26,6 @@ def blocked_head(graph: Graph, head: VocabularyHead, blocks: int, scope: str) ->
         raise ValueError(f"blocks must be at least 1, got {blocks}")
     bounds = block_bounds(head.rows, blocks)
     device = graph.node(head.loss).device
-    parameters = [head.kernel] + ([head.bias] if head.bias is not None else [])
     read = {"features": head.features, "labels": head.labels, "kernel": head.kernel, "bias": head.bias,
             "d_losses": head.d_losses}
     specs = {name: _spec(graph, ref) for name, ref in read.items() if ref is not None}
@@ -43,7 +42,9 @@ def blocked_head(graph: Graph, head: VocabularyHead, blocks: int, scope: str) ->
                                        device)
     backward_nodes, gradients = _traced(backward, specs, ("features", "labels", "kernel", "d_losses", "bias"), read,
                                         f"gradient_tape/{scope}", device)
-    replaced = [TensorRef(head.loss, 0), head.d_features, head.d_kernel] + ([head.d_bias] if parameters[1:] else [])
+    replaced = [TensorRef(head.loss, 0), head.d_features, head.d_kernel]
+    if head.bias is not None:
+        replaced.append(head.d_bias)
     replacements = {old: new for old, new in zip(replaced, (losses, *gradients)) if old is not None}
     return splice(graph, head, forward_nodes + backward_nodes, replacements)
 

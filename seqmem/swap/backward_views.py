@@ -17,10 +17,10 @@ from collections.abc import Collection
 
 from seqmem.ir.graph import Graph, Node, TensorRef
 
-__all__ = ["BACKWARD_VIEW_SCOPE", "split_backward_views"]
+__all__ = ["BACKWARD_VIEW_SCOPE", "SPLIT_VIEW_OPS", "split_backward_views"]
 
 BACKWARD_VIEW_SCOPE = "gradient_tape/seqmem_view"
-_SPLIT_VIEWS = frozenset(["ExpandDims", "Identity", "Reshape", "Squeeze"])
+SPLIT_VIEW_OPS = frozenset(["ExpandDims", "Identity", "Reshape", "Squeeze"])
 
 
 def split_backward_views(graph: Graph, forward: Collection[str], backward: Collection[str]) -> Graph:
@@ -30,7 +30,7 @@ def split_backward_views(graph: Graph, forward: Collection[str], backward: Colle
     copies: list[Node] = []
     reads: dict[str, dict[TensorRef, TensorRef]] = {}  # by reader: the view it read -> its own copy
     for view in graph.nodes.values():
-        if view.op not in _SPLIT_VIEWS or view.name not in forward or not view.inputs or len(view.outputs) != 1:
+        if view.op not in SPLIT_VIEW_OPS or view.name not in forward or not view.inputs or len(view.outputs) != 1:
             continue
         if graph.node(view.inputs[0].node).persistent or view.outputs[0].copies_input:
             continue

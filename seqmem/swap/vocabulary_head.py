@@ -30,6 +30,7 @@ from typing import Optional
 
 from seqmem.ir.graph import Graph, Node, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
+from seqmem.swap.backward_views import BACKWARD_VIEW_SCOPE, SPLIT_VIEW_OPS
 
 __all__ = ["HeadSearch", "VocabularyHead", "find_heads", "splice"]
 
@@ -163,8 +164,7 @@ def _head(graph: Graph, loss: Node) -> VocabularyHead:
             elif reader.op == "MatMul" and d_kernel is None and _is_kernel_gradient(graph, reader, ref, features,
                                                                                     transpose_kernel):
                 d_kernel = TensorRef(name, 0)
-                gradient_nodes.update(_own_view(graph, ref, name) for ref in reader.inputs
-                                      if ref != features and _own_view(graph, ref, name))
+                gradient_nodes.update(ref.node for ref in reader.inputs if _own_view(graph, ref, name))
             else:
                 raise _Unrecognized(f"the logits' gradient {ref} is read by {name} ({reader.op}), not by the "
                                     f"projection's or the bias's gradient")
@@ -240,20 +240,19 @@ def _is_kernel_gradient(graph: Graph, node: Node, d_logits: TensorRef, features:
 
 
 def _same_value(graph: Graph, ref: TensorRef, other: TensorRef) -> bool:
-    """`ref` is `other`, or a copy of its view: the same op over the same inputs."""
+    """`ref` is `other`, or a backward reader's own copy of the view `other` (the same op over the same inputs)."""
     if ref == other:
         return True
     node, original = graph.node(ref.node), graph.node(other.node)
-    return ref.index == other.index and node.op == original.op and node.inputs == original.inputs and \
-        node.op in _ROW_VIEWS | {"ExpandDims", "Squeeze"}
+    return (node.name.startswith(BACKWARD_VIEW_SCOPE) and ref.index == other.index and node.op == original.op
+            and node.inputs == original.inputs)
 
 
-def _own_view(graph: Graph, ref: TensorRef, reader: str) -> Optional[str]:
-    """The node of `ref` where it is a view copy that only `reader` reads (a backward reader's own view)."""
+def _own_view(graph: Graph, ref: TensorRef, reader: str) -> bool:
+    """`ref` is a backward reader's own view copy (`seqmem.swap.backward_views`) that only `reader` reads."""
     node = graph.node(ref.node)
-    if node.op in _ROW_VIEWS | {"ExpandDims", "Squeeze"} and set(graph.successors(node.name)) == {reader}:
-        return node.name
-    return None
+    return (node.name.startswith(BACKWARD_VIEW_SCOPE) and node.op in SPLIT_VIEW_OPS
+            and graph.successors(node.name) == {reader})
 
 
 def _attr_b(node: Node, key: str) -> bool:
