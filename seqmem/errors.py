@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from seqmem.plan.floor import Floor
 
 __all__ = [
     "ArenaFragmentationError",
@@ -42,15 +45,18 @@ class InfeasibleBudgetError(SeqmemError, ValueError):
 
     smallest_peak_bytes: the lowest peak any plan reaches, predicted by the
     simulator; measured_peak_bytes: the lowest peak measured on the device,
-    when calibration measured one (None otherwise). The planner itself returns
-    values (`seqmem.plan.PlanResult`); this is raised at `optimize`'s boundary.
+    when calibration measured one (None otherwise); floor: what that lowest
+    predicted peak is made of (`seqmem.plan.floor.Floor`; None where not known).
+    The planner itself returns values (`seqmem.plan.PlanResult`); this is raised
+    at `optimize`'s boundary.
     """
 
     def __init__(self, message: str, smallest_peak_bytes: Optional[int] = None,
-                 measured_peak_bytes: Optional[int] = None) -> None:
+                 measured_peak_bytes: Optional[int] = None, floor: Optional["Floor"] = None) -> None:
         super().__init__(message)
         self.smallest_peak_bytes = smallest_peak_bytes
         self.measured_peak_bytes = measured_peak_bytes
+        self.floor = floor
 
 
 class ArenaFragmentationError(InfeasibleBudgetError):

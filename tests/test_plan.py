@@ -99,7 +99,8 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
     g = _gradients_joined(layers=6)
     analysis = _analysis(g)
     result = choose_conservations(analysis, budget_bytes=1, allocator="exact")
-    assert not result.fits and result.reason.startswith("smallest achievable peak is 7.0 MB (Op 'join')")
+    assert not result.fits and result.reason.startswith("smallest achievable peak is 7.0 MB (Op 'join';")
+    assert result.floor.op == "join" and result.floor.working_bytes == 7 * MB + 4 and not result.floor.held  # and its output
     plan = result.plan
     held = [d for d in plan.decisions if d.tensor.node.startswith("gradient_tape/dw")]
     assert held and all(d.consumers == ("join",) for d in held)
@@ -113,7 +114,9 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
 
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
-    expected = r"smallest achievable peak is [\d.]+ MB \(Op '.*'\); budget was 0.5 MB"
+    expected = (r"smallest achievable peak is [\d.]+ MB \(Op '.*'; of it [\d.]+ MB live through the step .*, "
+                r"[\d.]+ MB the op's own inputs, outputs and scratch, [\d.]+ MB held by \d+ other buffers.*\); "
+                r"budget was 0.5 MB")
     result = choose_conservations(_analysis(g), budget_bytes=MB // 2, allocator="exact", pinned=True)
     assert not result.fits and not result.fragmented
     lowest = result.plan
@@ -121,8 +124,21 @@ def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_
     assert lowest.predicted_peak_after_bytes == lowest.target_bytes == result.smallest_peak_bytes
     with pytest.raises(InfeasibleBudgetError, match=expected) as error:  # at the boundary
         result.fitting_plan()
-    assert error.value.smallest_peak_bytes == result.smallest_peak_bytes
+    assert error.value.smallest_peak_bytes == result.smallest_peak_bytes and error.value.floor == result.floor
     rewrite(g, lowest, IdentityBackend()).validate()
+
+
+def test_a_floor_splits_into_what_lives_through_the_step_the_ops_working_set_and_what_is_held_and_why():
+    g = mlp_like(layers=4)
+    options = ConservationOptions(min_bytes=2 * MB)  # no feature map is worth conserving
+    floor = choose_conservations(_analysis(g), budget_bytes=1, allocator="exact", options=options).floor
+    peak_op = g.node(floor.op)
+    assert peak_op.op == "Op" and floor.persistent_bytes == 1024 + 4  # the input and the gradient seed
+    own = {ref.node for ref in peak_op.inputs} | {floor.op}
+    assert floor.working_bytes == sum(g.node(name).outputs[0].size_bytes for name in own if name != "ones")
+    assert floor.held and all(b.tensor.node not in own for b in floor.held)
+    assert all(b.why == f"not conserved: smaller than {2 * MB} bytes" for b in floor.held)
+    assert floor.peak_bytes == floor.persistent_bytes + floor.working_bytes + floor.held_bytes
 
 
 def test_swaps_on_the_emulated_device_keep_their_handles_on_it():

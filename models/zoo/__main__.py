@@ -126,8 +126,16 @@ def _markdown_row(row: dict, runs: int) -> str:
 
 
 def _failure(run: dict) -> str:
-    """A failed run in a few words: the InfeasibleBudgetError's first clause (the floor and the op that sets
-    it), or the verdict and the last line of its message."""
+    """A failed run in a few words: the InfeasibleBudgetError's floor (the lowest predicted peak, the op at
+    it, and what it is made of) or, without one, its first clause; or the verdict and the last line of its
+    message."""
+    floor = run.get("floor")
+    if floor:
+        held = floor["largest_held"][0] if floor["largest_held"] else None
+        largest = "" if held is None else f"; largest held {held['tensor']}, {held['size_bytes'] / MIB:.1f} MB"
+        return (f"floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}: "
+                f"{floor['persistent_bytes'] / MIB:.1f} live through the step + {floor['working_bytes'] / MIB:.1f} "
+                f"the op's working set + {floor['held_bytes'] / MIB:.1f} held{largest}")
     if "infeasible" in run:
         return "infeasible: " + run["infeasible"].split("; budget was")[0][:200]
     lines = run["message"].strip().splitlines()

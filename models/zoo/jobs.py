@@ -56,7 +56,8 @@ def optimized_step(built, budget_mb: float):
     """(the `ZooStep` with its step through `seqmem.optimize(step, budget_mb, sample_inputs=...)`, fields):
     the plan's predicted peak and digest (`seqmem.runtime.workers.plan_digest`), the loss found, decisions,
     loop swaps and the seconds `optimize` took. A budget no plan fits gives (None, {"infeasible": the
-    error's message, "smallest_peak_bytes": ..., "optimize_s": ...})."""
+    error's message, "smallest_peak_bytes": ..., "floor": what that peak is made of (`_floor_fields`),
+    "optimize_s": ...})."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.optimize import optimize
     from seqmem.runtime.workers import plan_digest
@@ -66,12 +67,23 @@ def optimized_step(built, budget_mb: float):
         step = optimize(built.step, budget_mb, sample_inputs=built.inputs)
     except InfeasibleBudgetError as error:
         return None, {"infeasible": str(error)[:600], "smallest_peak_bytes": error.smallest_peak_bytes,
-                      "optimize_s": time.perf_counter() - started}
+                      "floor": _floor_fields(error.floor), "optimize_s": time.perf_counter() - started}
     optimize_s, plan = time.perf_counter() - started, step.plan
     return dataclasses.replace(built, step=step), {
         "predicted_peak_bytes": plan.predicted_peak_after_bytes, **loss_found(step.analysis),
         "decisions": len(plan.decisions), "loop_swaps": len(plan.loop_swaps), "optimize_s": optimize_s,
         "plan_digest": str(plan_digest(plan))}
+
+
+def _floor_fields(floor) -> dict[str, Any] | None:
+    """A `seqmem.plan.floor.Floor` as JSON fields (bytes), its three largest held buffers listed; None for
+    None."""
+    if floor is None:
+        return None
+    held = [{"tensor": str(b.tensor), "size_bytes": b.size_bytes, "why": b.why} for b in floor.held[:3]]
+    return {"op": floor.op, "op_type": floor.op_type, "peak_bytes": floor.peak_bytes,
+            "persistent_bytes": floor.persistent_bytes, "working_bytes": floor.working_bytes,
+            "held_bytes": floor.held_bytes, "largest_held": held}
 
 
 def _built(name: str, batch: int):

@@ -140,10 +140,14 @@ def _search_batches(bench: Any, row: dict[str, Any], steps: int, model: list, va
     progress.update(1)
 
     def search(variant, start):
+        def probed(batch, verdict):
+            progress.set_postfix_str(f"T {steps}, {variant} at batch {batch}: {verdict}", refresh=False)
+            progress.update(1)
+
         return largest_batch(trains, bench.workload(variant, steps, *model, args.budget_mb), budget_mb=args.budget_mb,
                              limit=args.max_batch, start=min(max(start, 1), args.max_batch),
                              precision=args.precision, runs=args.runs, one_stream=one_stream,
-                             timeout_s=args.timeout_s, on_probe=lambda batch, verdict: progress.update(1))
+                             timeout_s=args.timeout_s, on_probe=probed)
 
     found = {"base": search("base", guess.value if guess.ok else 1)}
     base = found["base"].batch

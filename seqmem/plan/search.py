@@ -32,9 +32,10 @@ from seqmem.analysis import StepAnalysis
 from seqmem.critical_path import MachineModel
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
 from seqmem.gc_pause import without_gc
-from seqmem.ir.graph import Node, TensorRef
+from seqmem.ir.graph import TensorRef
 from seqmem.plan.candidates import Candidate, Option, conservation_candidates
 from seqmem.plan.events import Baseline, simulate_baseline, simulate_events, swap_events
+from seqmem.plan.floor import Floor, floor_of
 from seqmem.plan.host_room import HostRoom
 from seqmem.plan.loop_choice import choose_loop_swaps, loop_swap_fields
 from seqmem.plan.segment_tree import MaxTree
@@ -54,7 +55,8 @@ class PlanResult:
     plan: the plan that fits the target (`fits`); where none does, the lowest-peak plan the search made
     (None where the allocator model placed none in the arena: `fragmented`). smallest_peak_bytes: that
     plan's predicted peak (where fragmented, the peak of the plan whose bytes fit but whose buffers the
-    model could not place). reason: why no plan fits, with what to do ("" when one does).
+    model could not place). reason: why no plan fits, with what to do ("" when one does). floor: what
+    the lowest plan's peak is made of, where no plan fits and the model placed its buffers (None otherwise).
     """
 
     plan: Optional[SwapPlan]
@@ -62,6 +64,7 @@ class PlanResult:
     smallest_peak_bytes: int
     fragmented: bool = False
     reason: str = ""
+    floor: Optional[Floor] = None
 
     def fitting_plan(self) -> SwapPlan:
         """The plan, where it fits. Raises `error()` where none does."""
@@ -73,7 +76,7 @@ class PlanResult:
         """What to raise where no plan fits: InfeasibleBudgetError with the reason and the smallest peak
         (ArenaFragmentationError where only the allocator model's fragmentation stood in the way)."""
         error = ArenaFragmentationError if self.fragmented else InfeasibleBudgetError
-        return error(self.reason, smallest_peak_bytes=self.smallest_peak_bytes)
+        return error(self.reason, smallest_peak_bytes=self.smallest_peak_bytes, floor=self.floor)
 
 
 @without_gc
@@ -137,7 +140,7 @@ def choose_conservations(
                 "the most-conserving plan: the search at the target ended above it",))
             return PlanResult(plan, True, plan.predicted_peak_after_bytes)
         if floor.lowest_peak_bytes < result.lowest_peak_bytes:
-            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_op=floor.lowest_op)
+            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_floor=floor.lowest_floor)
     if result.fits:
         return PlanResult(result.plan, True, result.plan.predicted_peak_after_bytes)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
@@ -149,23 +152,24 @@ def choose_conservations(
             f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
             f"with {len(result.plan.decisions)} swaps (fragmentation; predicted peak {peak / MIB:.1f} MB); "
             f"{planned_for}. Raise the budget or reduce the batch size."))
-    op = result.lowest_op
-    return PlanResult(result.lowest_plan, False, result.lowest_peak_bytes, reason=(
-        f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({op.op} {op.name!r}); "
-        f"{planned_for}. Raise the budget or reduce the batch size."))
+    lowest = result.lowest_floor
+    return PlanResult(result.lowest_plan, False, result.lowest_peak_bytes, floor=lowest, reason=(
+        f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({lowest.op_type} {lowest.op!r}; "
+        f"{lowest.describe()}); {planned_for}. Raise the budget or reduce the batch size."))
 
 
 @dataclass(frozen=True)
 class _SearchResult:
     """Where one search for a target ended (`plan`: its last plan, which `fits` the target when it is
-    `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak)."""
+    `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak), with what
+    that plan's peak is made of."""
 
     plan: SwapPlan
     fits: bool
     placed: bool
     lowest_plan: SwapPlan
     lowest_placed: bool
-    lowest_op: Optional[Node]
+    lowest_floor: Floor
     host_refused: bool
 
     @property
@@ -197,12 +201,12 @@ class _Search:
             loop_swaps, analysis, baseline = choose_loop_swaps(analysis, baseline, target_bytes, self.loop_swap_depth,
                                                                 allocator, arena_bytes, host)
         loop_fields = loop_swap_fields(loop_swaps, self.loop_swap_depth, self.analysis.graph, machine)
-        graph, start = analysis.graph, baseline.trace
+        start = baseline.trace
         if baseline.fits(target_bytes):
             plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
                             pinned_order=pinned_order, options=options, **loop_fields,
                             notes=("the step fits with its loops' accumulators swapped: no other swaps",))
-            return _SearchResult(plan, True, True, plan, True, None, host.refused)
+            return _SearchResult(plan, True, True, plan, True, floor_of(analysis, start, plan), host.refused)
 
         device = start.busiest()
         tree = MaxTree(device.tensor_live_bytes)
@@ -243,17 +247,19 @@ class _Search:
                 live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
 
         def finished(target: int, decisions: Mapping, peak_bytes: int) -> SwapPlan:
-            plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes)
+            plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes,
+                         target_bytes)
             return dataclasses.replace(plan, pinned_order=pinned_order, **{
                 **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
 
+        lowest_plan = finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes)
         return _SearchResult(
             plan=finished(target_bytes, chosen, after.peak_bytes),
             fits=after.peak_bytes <= target_bytes and placed,
             placed=placed,
-            lowest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
+            lowest_plan=lowest_plan,
             lowest_placed=lowest_placed,
-            lowest_op=graph.node(lowest.order[lowest.busiest().peak_step]),
+            lowest_floor=floor_of(analysis, lowest, lowest_plan),
             host_refused=host.refused,
         )
 
@@ -324,17 +330,21 @@ def _unchoose(tree: MaxTree, candidate: Candidate, option: Option, chosen: dict,
     del chosen[candidate.tensor]
 
 
-def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, peak_after=None) -> SwapPlan:
+def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, peak_after=None,
+          search_target_bytes=None) -> SwapPlan:
+    """The plan of the `chosen` candidates; the others listed as skipped, "not needed" where the peak fits
+    the target the search ran for (`search_target_bytes`, default `target_bytes`)."""
+    search_target_bytes = target_bytes if search_target_bytes is None else search_target_bytes
     decisions = tuple(chosen[c.tensor][1].decision for c in candidates if c.tensor in chosen)
-    unused = tuple(
-        SkippedCandidate(c.tensor, c.options[0].decision.size_bytes, "not needed: the peak fit without it")
-        for c in candidates if c.tensor not in chosen
-    )
+    peak = before.peak_bytes if peak_after is None else peak_after
+    why = "not needed: the peak fit without it" if peak <= search_target_bytes else "the search stopped without it"
+    unused = tuple(SkippedCandidate(c.tensor, c.options[0].decision.size_bytes, why)
+                   for c in candidates if c.tensor not in chosen)
     return SwapPlan(
         budget_bytes=budget_bytes,
         target_bytes=target_bytes,
         predicted_peak_before_bytes=before.peak_bytes,
-        predicted_peak_after_bytes=before.peak_bytes if peak_after is None else peak_after,
+        predicted_peak_after_bytes=peak,
         decisions=decisions,
         skipped=tuple(skipped) + unused,
         predicted_overhead_s=sum(d.cost_s for d in decisions),

@@ -23,6 +23,12 @@ def test_the_table_shows_a_failed_run_and_a_floor():
     line = zoo._markdown_row(row, 2)
     assert "infeasible: smallest achievable peak is 8.0 MB" in line and "oom" in line
     assert "| 0/2 | 0/2 |" in line
+    floor = {"op": "g", "op_type": "MatMul", "peak_bytes": 8 << 20, "persistent_bytes": 3 << 20,
+             "working_bytes": 4 << 20, "held_bytes": 1 << 20,
+             "largest_held": [{"tensor": "h:0", "size_bytes": 1 << 20, "why": "computed in backward"}]}
+    row["optimized"][0]["floor"] = floor
+    assert ("floor 8.0 MB at MatMul 'g': 3.0 live through the step + 4.0 the op's working set + 1.0 held; "
+            "largest held h:0, 1.0 MB") in zoo._markdown_row(row, 2)
 
 
 def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():

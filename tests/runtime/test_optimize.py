@@ -376,14 +376,15 @@ class _PlannerWithoutRoom:
 
 def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_says_so():
     from seqmem.errors import InfeasibleBudgetError
-    from seqmem.runtime.optimize import _Arena, _plan_for_less
+    from seqmem.runtime.forms import Arena
+    from seqmem.runtime.optimize import _plan_for_less
     from seqmem.swap.plan import SwapPlan
 
     plan = SwapPlan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
                     predicted_peak_after_bytes=90 << 20)
-    unplaced = _Arena(None, "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps")
+    unplaced = Arena(None, "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps")
     with pytest.raises(InfeasibleBudgetError, match=r"ran out of memory.*fragmentation.*3 swaps\.$"):
         _plan_for_less(_PlannerWithoutRoom(), unplaced, plan, None)
     with pytest.raises(InfeasibleBudgetError) as raised:
-        _plan_for_less(_PlannerWithoutRoom(), _Arena(None), plan, None)
+        _plan_for_less(_PlannerWithoutRoom(), Arena(None), plan, None)
     assert "fragmentation" not in str(raised.value)
