@@ -30,13 +30,20 @@ def blocked_head(graph: Graph, head: VocabularyHead, blocks: int, scope: str) ->
             "d_losses": head.d_losses}
     specs = {name: _spec(graph, ref) for name, ref in read.items() if ref is not None}
 
+    shape = graph.tensor(head.features).shape  # [rows, H], or [..., H] for a batched projection
+
+    def rows(features):
+        return features if len(shape) == 2 else tf.reshape(features, [head.rows, head.hidden])
+
     def forward(features, labels, kernel, bias=None):
-        return blocked_losses(features, labels, [p for p in (kernel, bias) if p is not None], bounds,
+        return blocked_losses(rows(features), labels, [p for p in (kernel, bias) if p is not None], bounds,
                               transpose_kernel=head.transpose_kernel)
 
     def backward(features, labels, kernel, d_losses, bias=None):
-        return blocked_gradients(features, labels, [p for p in (kernel, bias) if p is not None], bounds, d_losses,
-                                 transpose_kernel=head.transpose_kernel)
+        d_features, *d_parameters = blocked_gradients(
+            rows(features), labels, [p for p in (kernel, bias) if p is not None], bounds, d_losses,
+            transpose_kernel=head.transpose_kernel)
+        return [tf.reshape(d_features, shape) if len(shape) != 2 else d_features, *d_parameters]
 
     forward_nodes, (losses,) = _traced(forward, specs, ("features", "labels", "kernel", "bias"), read, scope,
                                        device)

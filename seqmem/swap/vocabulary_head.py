@@ -14,6 +14,10 @@ which no swap can free: each is read right after it is made. As TensorFlow trace
                                                               -> MatMul       (features' gradient)
                                                               -> MatMul       (kernel's gradient)
 
+The projection may also be a batched product of features [..., H] by a kernel of rank 2 (`tf.matmul` of a
+[B, T, H] tensor and a tied embedding: `BatchMatMulV2`); its gradients are then batched products summed
+over the broadcast batch axes and reshaped (`Sum` -> `Reshape`), the kernel's by way of a [B, V, H] tensor.
+
 `find_heads` recognizes it (each Reshape keeping the V elements of a row together), and says for every
 cross-entropy it did not recognize which node broke the pattern. `splice` puts a blocked computation
 in its place (`seqmem.edge.head_nodes` makes it: `seqmem.layers.softmax_loss`'s blocked losses and their
@@ -24,6 +28,7 @@ kernel and the bias are sums over blocks: equal to the original up to float roun
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -36,6 +41,7 @@ __all__ = ["HeadSearch", "VocabularyHead", "find_heads", "splice"]
 
 _CROSS_ENTROPY = "SparseSoftmaxCrossEntropyWithLogits"
 _ROW_VIEWS = frozenset(["Identity", "Reshape"])  # ops that pass a [.., V] tensor on, rows unchanged
+_BATCH_MATMULS = frozenset(["BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"])  # their adj_x, adj_y transpose
 
 
 @dataclass(frozen=True)
@@ -131,18 +137,21 @@ def _head(graph: Graph, loss: Node) -> VocabularyHead:
             ref = node.inputs[0]
         elif node.op == "BiasAdd" and bias is None and _attr_s(node, "data_format", b"NHWC") == b"NHWC":
             bias, bias_add, ref = node.inputs[1], node, node.inputs[0]
-        elif node.op == "MatMul":
+        elif node.op == "MatMul" or node.op in _BATCH_MATMULS:
             projection = node
             break
         else:
             raise _Unrecognized(f"the logits come from {node.name} ({node.op}), not a MatMul, BiasAdd or Reshape")
-    if _attr_b(projection, "transpose_a"):
+    transposes_features, transpose_kernel = _transposes(projection)
+    if transposes_features:
         raise _Unrecognized(f"the projection {projection.name} transposes its features")
     features, kernel = projection.inputs
-    transpose_kernel = _attr_b(projection, "transpose_b")
-    hidden = (graph.tensor(features).shape or (None, None))[-1]
-    if graph.tensor(features).shape != (rows, hidden) or hidden is None:
-        raise _Unrecognized(f"the projection's features {features} are not [{rows}, H]")
+    shape = graph.tensor(features).shape or ()
+    hidden = shape[-1] if shape else None
+    batched = projection.op in _BATCH_MATMULS
+    if None in shape or not shape or math.prod(shape[:-1]) != rows or (len(shape) != 2 and not batched):
+        raise _Unrecognized(f"the projection's features {features} are not [{rows}, H]"
+                            f"{' (or [..., H] of as many rows)' if batched else ''}")
     if graph.tensor(kernel).shape != ((vocabulary, hidden) if transpose_kernel else (hidden, vocabulary)):
         raise _Unrecognized(f"the projection's kernel {kernel} is not [H, V] ([V, H] transposed)")
     dtype = graph.tensor(logits).dtype
@@ -158,12 +167,12 @@ def _head(graph: Graph, loss: Node) -> VocabularyHead:
                 continue
             if reader.op == "BiasAddGrad" and bias is not None and d_bias is None:
                 d_bias = TensorRef(name, 0)
-            elif reader.op == "MatMul" and d_features is None and _is_features_gradient(reader, ref, kernel,
-                                                                                          transpose_kernel):
-                d_features = TensorRef(name, 0)
-            elif reader.op == "MatMul" and d_kernel is None and _is_kernel_gradient(graph, reader, ref, features,
-                                                                                    transpose_kernel):
-                d_kernel = TensorRef(name, 0)
+            elif reader.op == projection.op and d_features is None and _is_features_gradient(
+                    reader, ref, kernel, transpose_kernel):
+                d_features = _summed(graph, reader, features, gradient_nodes) if batched else TensorRef(name, 0)
+            elif reader.op == projection.op and d_kernel is None and _is_kernel_gradient(
+                    graph, reader, ref, features, transpose_kernel):
+                d_kernel = _summed(graph, reader, kernel, gradient_nodes) if batched else TensorRef(name, 0)
                 gradient_nodes.update(ref.node for ref in reader.inputs if _own_view(graph, ref, name))
             else:
                 raise _Unrecognized(f"the logits' gradient {ref} is read by {name} ({reader.op}), not by the "
@@ -224,19 +233,40 @@ def _keeps_rows(graph: Graph, node: Node, ref: TensorRef, vocabulary: int) -> No
             raise _Unrecognized(f"{node.name} ({node.op}) does not keep rows of {vocabulary} ({tensor}: {shape})")
 
 
+def _transposes(node: Node) -> tuple[bool, bool]:
+    """Whether a MatMul (transpose_a, transpose_b) or a batched one (adj_x, adj_y) transposes each input."""
+    keys = ("adj_x", "adj_y") if node.op in _BATCH_MATMULS else ("transpose_a", "transpose_b")
+    return _attr_b(node, keys[0]), _attr_b(node, keys[1])
+
+
 def _is_features_gradient(node: Node, d_logits: TensorRef, kernel: TensorRef, transpose_kernel: bool) -> bool:
-    """MatMul(d_logits, kernel^T) for a [H, V] kernel, MatMul(d_logits, kernel) for a [V, H] one."""
-    return (node.inputs == (d_logits, kernel) and not _attr_b(node, "transpose_a")
-            and _attr_b(node, "transpose_b") != transpose_kernel)
+    """(d_logits @ kernel^T) for a [H, V] kernel, (d_logits @ kernel) for a [V, H] one."""
+    return node.inputs == (d_logits, kernel) and _transposes(node) == (False, not transpose_kernel)
 
 
 def _is_kernel_gradient(graph: Graph, node: Node, d_logits: TensorRef, features: TensorRef,
                         transpose_kernel: bool) -> bool:
-    """MatMul(features^T, d_logits) for a [H, V] kernel, MatMul(d_logits^T, features) for a [V, H] one; the
-    features may be the reader's own copy of their view (`seqmem.swap.backward_views`)."""
+    """(features^T @ d_logits) for a [H, V] kernel, (d_logits^T @ features) for a [V, H] one; the features
+    may be the reader's own copy of their view (`seqmem.swap.backward_views`)."""
     read = (node.inputs[1], node.inputs[0]) if transpose_kernel else node.inputs
-    return (read[1] == d_logits and _same_value(graph, read[0], features) and _attr_b(node, "transpose_a")
-            and not _attr_b(node, "transpose_b"))
+    return read[1] == d_logits and _same_value(graph, read[0], features) and _transposes(node) == (True, False)
+
+
+def _summed(graph: Graph, product: Node, operand: TensorRef, nodes: set[str]) -> TensorRef:
+    """A batched product's gradient as the step passes it on: summed over the broadcast batch axes and
+    reshaped to `operand`'s shape (`Sum` -> `Reshape`, added to `nodes`)."""
+    chain, ref = [], TensorRef(product.name, 0)
+    for op in ("Sum", "Reshape"):
+        readers = graph.consumers(ref)
+        if len(readers) != 1 or graph.node(readers[0]).op != op:
+            raise _Unrecognized(f"the batched gradient {ref} is read by {', '.join(readers) or 'nothing'}, not by "
+                                f"one {op} (the sum over the broadcast axes, reshaped)")
+        chain.append(readers[0])
+        ref = TensorRef(readers[0], 0)
+    if graph.tensor(ref).shape != graph.tensor(operand).shape:
+        raise _Unrecognized(f"the batched gradient {ref} does not have {operand}'s shape")
+    nodes.update(chain)
+    return ref
 
 
 def _same_value(graph: Graph, ref: TensorRef, other: TensorRef) -> bool:

@@ -1,8 +1,11 @@
 """The blocked vocabulary head (`seqmem.swap.vocabulary_head`, kind "blocked-head") on steps written here
 from Keras layers and TensorFlow ops alone.
 
-Tolerance: the blocked step's losses and weights equal the original's to 1e-5 relative: the head's kernel
-and bias gradients are summed block by block, in another order than one product (about 1e-7 per step).
+Tolerance: the blocked step's weights after one step, and its losses over three, equal the original's to
+1e-5 relative: the head's kernel and bias gradients are summed block by block, in another order than one
+product (about 1e-7 per step). Weights are compared after the first step only: a rounding difference that
+flips a ReLU near zero moves the next steps' gradients by a whole unit's share, which is the model's
+sensitivity, not the rewrite's error.
 Run without op determinism: under it TensorFlow computes the cross-entropy in another form (named in the
 plan's notes, tested below), and the blocked sums differ by rounding anyway.
 """
@@ -22,9 +25,10 @@ VOCABULARY, LENGTH, WIDTH, BATCH = 1000, 32, 32, 16
 
 class _TransformerLM(tf.keras.Model):
     """One causal self-attention block over token embeddings and a projection to the vocabulary: Keras
-    layers only. tied: the projection is the embedding matrix, transposed (no bias)."""
+    layers only. tied: the projection is the embedding matrix, transposed (no bias): over the features as
+    rows [B x T, H] ("rows"), or batched over [B, T, H] as `tf.matmul` takes it ("batched")."""
 
-    def __init__(self, tied: bool) -> None:
+    def __init__(self, tied) -> None:
         super().__init__()
         self.embedding = tf.keras.layers.Embedding(VOCABULARY, WIDTH)
         self.attention = tf.keras.layers.MultiHeadAttention(2, WIDTH // 2)
@@ -38,13 +42,15 @@ class _TransformerLM(tf.keras.Model):
         x = self.embedding(tokens)
         x = self.norm(x + self.attention(x, x, use_causal_mask=True))
         x = x + self.back(self.feed_forward(x))
+        if self.tied == "batched":
+            return tf.matmul(x, self.embedding.embeddings, transpose_b=True)
         if self.tied:
             return tf.reshape(tf.matmul(tf.reshape(x, [-1, WIDTH]), self.embedding.embeddings, transpose_b=True),
                               [BATCH, LENGTH, VOCABULARY])
         return self.projection(x)
 
 
-def _step(tied: bool = False, masked: bool = False, accuracy: bool = False):
+def _step(tied=False, masked: bool = False, accuracy: bool = False):
     """A training step (tokens, targets) -> loss of a fresh `_TransformerLM`, its weights seeded. Plain SGD:
     Adam's normalized update would turn a rounding difference in a near-zero gradient into one of up to its
     learning rate."""
@@ -92,10 +98,12 @@ def test_a_keras_dense_head_and_keras_loss_are_found():
     assert None not in (head.d_features, head.d_kernel, head.d_bias)
 
 
-def test_a_tied_embedding_and_a_masked_mean_are_found():
-    (head,) = _search(_step(tied=True, masked=True)[0]).heads
+@pytest.mark.parametrize("tied", ["rows", "batched"])
+def test_a_tied_embedding_and_a_masked_mean_are_found(tied):
+    (head,) = _search(_step(tied=tied, masked=True)[0]).heads
     assert head.transpose_kernel and head.bias is None and head.d_bias is None
     assert head.d_kernel is not None  # added to the embedding's own gradient by the step
+    assert head.rows == BATCH * LENGTH and head.hidden == WIDTH
 
 
 def test_logits_read_by_anything_else_are_not_blocked_and_the_reason_names_the_node():
@@ -111,12 +119,13 @@ def test_the_form_op_determinism_traces_is_named(op_determinism):
     assert any("op determinism" in reason and "LogSoftmax" in reason for reason in search.unrecognized)
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tied", [False, "rows", "batched"])
 def test_the_blocked_step_trains_as_the_original_without_its_logits(tied):
     batches = _batches()
     step, model = _step(tied=tied, masked=tied)
-    expected = [float(step(*batch)) for batch in batches]
-    expected_weights = [w.numpy() for w in model.trainable_variables]
+    expected = [float(step(*batches[0]))]
+    expected_weights = [w.numpy() for w in model.trainable_variables]  # after the first step
+    expected += [float(step(*batch)) for batch in batches[1:]]
 
     step, model = _step(tied=tied, masked=tied)
     before = seqmem.optimize(step, 1e4, kinds=("blocked-head",), sample_inputs=batches[0]).plan
@@ -127,15 +136,16 @@ def test_the_blocked_step_trains_as_the_original_without_its_logits(tied):
     assert optimized.plan.predicted_peak_after_bytes <= before.predicted_peak_before_bytes - logits_bytes // 2
     block_rows = -(-head.rows // head.blocks)
     largest = max(info.size_bytes or 0 for node in optimized.analysis.graph.nodes.values() for info in node.outputs
-                  if info.shape and info.shape[-1] == VOCABULARY and info.shape[:-1] != (WIDTH,))  # not the kernel's
-    assert largest <= block_rows * VOCABULARY * 4  # no [rows, V] tensor left, one block's at most
+                  if VOCABULARY in (info.shape or ()) and info.shape not in ((WIDTH, VOCABULARY), (VOCABULARY, WIDTH)))
+    assert largest <= block_rows * VOCABULARY * 4  # no [rows, V] or [B, V, H] tensor left, one block's at most
     assert SwapPlan.from_json(optimized.plan.to_json()).blocked_heads == optimized.plan.blocked_heads
     assert "vocabulary head" in optimized.plan.summary()
 
-    losses = [float(optimized(*batch)) for batch in batches]
-    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    losses = [float(optimized(*batches[0]))]
     for actual, wanted in zip(model.trainable_variables, expected_weights):
-        np.testing.assert_allclose(actual.numpy(), wanted, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(actual.numpy(), wanted, rtol=1e-5, atol=1e-7)
+    losses += [float(optimized(*batch)) for batch in batches[1:]]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
 
 
 def test_without_the_kind_the_head_is_left_as_it_is():
