@@ -68,6 +68,7 @@ def floor_of(analysis: StepAnalysis, trace: MemoryTrace, plan: SwapPlan) -> Floo
     device = trace.busiest()
     name = trace.order[device.peak_step]
     node = graph.node(name)
+
     def owner(ref: TensorRef) -> TensorRef:  # decisions name a tensor; the trace, the owner of its buffer
         return trace.buffer_of.get(ref, ref)
 

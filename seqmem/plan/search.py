@@ -39,6 +39,7 @@ from seqmem.plan.floor import Floor, floor_of
 from seqmem.plan.host_room import HostRoom
 from seqmem.plan.loop_choice import choose_loop_swaps, loop_swap_fields
 from seqmem.plan.segment_tree import MaxTree
+from seqmem.sim.trace import MemoryTrace
 from seqmem.swap.plan import ConservationOptions, LoopSwap, SkippedCandidate, SwapPlan
 from seqmem.units import MIB
 
@@ -140,7 +141,8 @@ def choose_conservations(
                 "the most-conserving plan: the search at the target ended above it",))
             return PlanResult(plan, True, plan.predicted_peak_after_bytes)
         if floor.lowest_peak_bytes < result.lowest_peak_bytes:
-            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_floor=floor.lowest_floor)
+            result = dataclasses.replace(result, lowest_plan=floor.lowest_plan, lowest_trace=floor.lowest_trace,
+                                         searched=floor.searched)
     if result.fits:
         return PlanResult(result.plan, True, result.plan.predicted_peak_after_bytes)
     planned_for = f"budget was {budget_bytes / MIB:.1f} MB (planned for {target_bytes / MIB:.1f} MB)"
@@ -152,7 +154,7 @@ def choose_conservations(
             f"the allocator model cannot place the step's buffers in the {arena_bytes / MIB:.1f} MB arena even "
             f"with {len(result.plan.decisions)} swaps (fragmentation; predicted peak {peak / MIB:.1f} MB); "
             f"{planned_for}. Raise the budget or reduce the batch size."))
-    lowest = result.lowest_floor
+    lowest = result.lowest_floor()
     return PlanResult(result.lowest_plan, False, result.lowest_peak_bytes, floor=lowest, reason=(
         f"smallest achievable peak is {result.lowest_peak_bytes / MIB:.1f} MB ({lowest.op_type} {lowest.op!r}; "
         f"{lowest.describe()}); {planned_for}. Raise the budget or reduce the batch size."))
@@ -161,20 +163,25 @@ def choose_conservations(
 @dataclass(frozen=True)
 class _SearchResult:
     """Where one search for a target ended (`plan`: its last plan, which `fits` the target when it is
-    `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak), with what
-    that plan's peak is made of."""
+    `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak), with its
+    simulation (`lowest_trace`) of the analysis the search planned on (`searched`: with its loop swaps)."""
 
     plan: SwapPlan
     fits: bool
     placed: bool
     lowest_plan: SwapPlan
     lowest_placed: bool
-    lowest_floor: Floor
+    lowest_trace: MemoryTrace
+    searched: StepAnalysis
     host_refused: bool
 
     @property
     def lowest_peak_bytes(self) -> int:
         return self.lowest_plan.predicted_peak_after_bytes
+
+    def lowest_floor(self) -> Floor:
+        """What the lowest plan's peak is made of (computed where no plan fits, not on every search)."""
+        return floor_of(self.searched, self.lowest_trace, self.lowest_plan)
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,7 @@ class _Search:
             plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
                             pinned_order=pinned_order, options=options, **loop_fields,
                             notes=("the step fits with its loops' accumulators swapped: no other swaps",))
-            return _SearchResult(plan, True, True, plan, True, floor_of(analysis, start, plan), host.refused)
+            return _SearchResult(plan, True, True, plan, True, start, analysis, host.refused)
 
         device = start.busiest()
         tree = MaxTree(device.tensor_live_bytes)
@@ -252,14 +259,14 @@ class _Search:
             return dataclasses.replace(plan, pinned_order=pinned_order, **{
                 **loop_fields, "predicted_overhead_s": plan.predicted_overhead_s + loop_fields["predicted_overhead_s"]})
 
-        lowest_plan = finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes)
         return _SearchResult(
             plan=finished(target_bytes, chosen, after.peak_bytes),
             fits=after.peak_bytes <= target_bytes and placed,
             placed=placed,
-            lowest_plan=lowest_plan,
+            lowest_plan=finished(lowest.peak_bytes, lowest_chosen, lowest.peak_bytes),
             lowest_placed=lowest_placed,
-            lowest_floor=floor_of(analysis, lowest, lowest_plan),
+            lowest_trace=lowest,
+            searched=analysis,
             host_refused=host.refused,
         )
 
