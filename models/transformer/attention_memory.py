@@ -26,7 +26,7 @@ from seqmem.units import MIB
 LAYERS = ("keras", "seqmem")
 
 
-def training_step(layer_name: str, length: int, batch: int, heads: int, key_dim: int, block: int):
+def training_step(layer_name: str, length: int, batch: int, heads: int, key_dim: int, block: int | None):
     """(step, inputs): a tf.function training one `layer_name` attention layer on a [batch, length,
     heads * key_dim] input; the step returns its loss."""
     import tensorflow as tf
@@ -51,7 +51,7 @@ def training_step(layer_name: str, length: int, batch: int, heads: int, key_dim:
     return step, (inputs,)
 
 
-def measured(length: int, layer_name: str, batch: int, heads: int, key_dim: int, block: int) -> dict[str, Any]:
+def measured(length: int, layer_name: str, batch: int, heads: int, key_dim: int, block: int | None) -> dict[str, Any]:
     """Child process: the highest peak (bytes) and the median seconds of 3 calls after a warm-up."""
     from seqmem.runtime.measure import timed_steps
 
@@ -60,7 +60,7 @@ def measured(length: int, layer_name: str, batch: int, heads: int, key_dim: int,
     return {"peak_bytes": max(peaks), "median_step_s": sorted(seconds)[1]}
 
 
-def trains(length: int, layer_name: str, batch: int, heads: int, key_dim: int, block: int) -> bool:
+def trains(length: int, layer_name: str, batch: int, heads: int, key_dim: int, block: int | None) -> bool:
     """Child process: whether two calls at `length` run and give finite losses."""
     import math
 
@@ -74,7 +74,8 @@ def _arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="batch of the measured peaks")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--key-dim", type=int, default=64)
-    parser.add_argument("--block", type=int, default=128, help="seqmem's query and key block size")
+    parser.add_argument("--block", type=int, default=None,
+                        help="seqmem's query and key block size (default: the layer's, from the batch and heads)")
     parser.add_argument("--device-mb", type=int, default=4096, help="arena of the measured peaks (MiB)")
     parser.add_argument("--budget-mb", type=int, default=1024, help="arena of the T search (MiB)")
     parser.add_argument("--search-batch", type=int, default=1)
@@ -94,8 +95,9 @@ def main(argv=None) -> None:
     from models.transformer.attention_memory import measured, trains
 
     shape = (args.heads, args.key_dim, args.block)
+    blocks = f"blocks of {args.block}" if args.block else "default blocks"
     print(f"# One self-attention layer, forward + backward + SGD update ({args.heads} heads x {args.key_dim}, "
-          f"causal mask; seqmem blocks of {args.block}); emulated device, one stream; "
+          f"causal mask; seqmem {blocks}); emulated device, one stream; "
           f"{datetime.date.today().isoformat()}\n")
     print(f"## Peak at T = {args.length}, batch {args.batch} ({args.device_mb} MB arena, 3 calls after a warm-up)\n")
     print("| layer | peak MB | step s |\n|---|---:|---:|")

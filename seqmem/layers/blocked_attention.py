@@ -10,7 +10,11 @@ backward recomputes each block's probabilities from them once the incoming gradi
 edge: no layer recomputes ahead and holds its blocks while later layers' gradients are formed). Besides
 inputs, outputs and their gradients, no tensor larger than one block's [B, N, query_block, key_block] scores
 exists at a time: memory O(T * d) instead of O(N * T * S). The blocks run one after another (a
-`tf.while_loop`, one iteration at a time; a single block runs without a loop).
+`tf.while_loop`, one iteration at a time; a single block runs without a loop). Where the block sizes are
+not given, both are the largest power of two whose block holds at most `BLOCK_SCORES` numbers for the
+call's batch and heads: every block op then does enough work to amortize the executor's fixed cost per op
+(on CPU, a block of 128 x 128 for one example and 4 heads spends most of its time there), and the blocks
+stay far below the [B, N, T, S] tensors Keras keeps at the lengths where blocking matters.
 
 Masks are applied as Keras' softmax applies them: a masked score gets -1e9 added (the float16 minimum in
 float16), so a row with every key masked attends to all keys alike, as in Keras. Dropout drops
@@ -25,7 +29,13 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-__all__ = ["AttentionMask", "blocked_attention"]
+__all__ = ["AttentionMask", "BLOCK_SCORES", "blocked_attention", "default_block"]
+
+BLOCK_SCORES = 1 << 22
+"""Numbers in one block's scores [B, N, query_block, key_block] at most, where block sizes are not given
+(16 MiB in float32)."""
+
+_BLOCK_SIZES = tuple(2 ** k for k in range(4, 12))  # what default_block chooses from: 16 .. 2048
 
 
 class AttentionMask(NamedTuple):
@@ -62,14 +72,15 @@ class AttentionMask(NamedTuple):
 
 
 def blocked_attention(query, key, value, mask: Optional[AttentionMask] = None, *, dropout_rate: float = 0.0,
-                      seed=None, query_block: int = 128, key_block: int = 128):
+                      seed=None, query_block: Optional[int] = None, key_block: Optional[int] = None):
     """softmax(query . key + mask) . value, per head, computed in blocks (module docstring).
 
     query: float [B, T, N, H], already scaled (Keras scales by 1 / sqrt(key_dim)); key: [B, S, N, H];
     value: [B, S, N, Hv], all one dtype (float16 and bfloat16 are computed in float32). mask: an
     `AttentionMask` or None. dropout_rate: in [0, 1), the fraction of probabilities dropped; seed: an int32
     or int64 [2] tensor, required when dropout_rate > 0 (the same seed draws the same masks).
-    query_block, key_block: rows of queries and of keys per block. Returns [B, T, N, Hv] in query's dtype,
+    query_block, key_block: rows of queries and of keys per block; None: `default_block` of the batch and
+    heads (the batch may be known only when the step runs). Returns [B, T, N, Hv] in query's dtype,
     differentiable in query, key and value (once: no second derivatives).
     Raises ValueError for block sizes below 1, a rate outside [0, 1), a missing seed, or inputs whose
     ranks, dtypes or shapes do not fit together.
@@ -79,15 +90,29 @@ def blocked_attention(query, key, value, mask: Optional[AttentionMask] = None, *
     dtype = query.dtype
     if dtype in (tf.float16, tf.bfloat16):
         query, key, value = (tf.cast(t, tf.float32) for t in (query, key, value))
+    if query_block is None or key_block is None:
+        block = default_block(_length(query, 0) * _length(query, 2))
+        query_block, key_block = query_block or block, key_block or block
     scores = _Scores(mask or AttentionMask(), _Dropout(dropout_rate, seed), query_block, key_block,
                      negative=tf.float16.min if dtype == tf.float16 else -1e9)
     return tf.cast(_attention(scores)(query, key, value), dtype)
 
 
+def default_block(examples):
+    """The largest of 16, 32, .., 2048 with examples * block * block <= BLOCK_SCORES (16 where none fits):
+    the block size for `examples` = batch * heads rows of scores; a Python int for an int, an int32 scalar
+    tensor for a tensor."""
+    if isinstance(examples, int):
+        return max([size for size in _BLOCK_SIZES if examples * size * size <= BLOCK_SCORES], default=_BLOCK_SIZES[0])
+    sizes = tf.constant(_BLOCK_SIZES, tf.int64)
+    fits = tf.cast(examples, tf.int64) * sizes * sizes <= BLOCK_SCORES
+    return tf.cast(tf.reduce_max(tf.where(fits, sizes, _BLOCK_SIZES[0])), tf.int32)
+
+
 def _check(query, key, value, dropout_rate, seed, query_block, key_block) -> None:
     for name, size in (("query_block", query_block), ("key_block", key_block)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be a positive int, got {size!r}")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {size!r}")
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate!r}")
     if dropout_rate > 0.0 and seed is None:
@@ -106,19 +131,43 @@ def _check(query, key, value, dropout_rate, seed, query_block, key_block) -> Non
 
 
 class _Dropout(NamedTuple):
-    """Dropout of one block's probabilities, its mask a function of the seed and the block's position."""
+    """Dropout of one block's probabilities, its mask a function of the seed and the block's position.
+    Each probability gets 16 random bits (a Philox draw of 32 serves two, half the cost of a float draw
+    each: masks are drawn twice, in forward and again in backward), so the rate applied is `rate` rounded
+    to a multiple of 1 / 65536, and `scale` matches it."""
 
     rate: float
     seed: Optional[tf.Tensor]
 
-    def apply(self, probabilities, position):
-        """probabilities with the block's mask applied (kept ones scaled by 1 / (1 - rate))."""
+    @property
+    def _dropped_of_65536(self) -> int:
+        return min(round(self.rate * 65536), 65535)
+
+    def kept(self, probabilities, position):
+        """The block's bool mask of kept probabilities (None without dropout), drawn from the seed and the
+        block's position, so backward draws what forward drew."""
         if self.rate == 0.0:
-            return probabilities
+            return None
         block_seed = tf.random.experimental.stateless_fold_in(self.seed, position)
-        kept = tf.random.stateless_uniform(tf.shape(probabilities), block_seed, dtype=probabilities.dtype) >= self.rate
+        shape = tf.shape(probabilities)
+        keys = shape[-1]
+        pairs = tf.random.stateless_uniform(tf.concat([shape[:-1], [(keys + 1) // 2]], 0), block_seed,
+                                            dtype=tf.uint32, minval=None, maxval=None)
+        bits = tf.reshape(tf.bitcast(pairs, tf.uint16), tf.concat([shape[:-1], [-1]], 0))[..., :keys]
+        return bits >= tf.constant(self._dropped_of_65536, tf.uint16)
+
+    def zeroed(self, values, kept):
+        """values with the dropped ones zero; the kept ones are not scaled (`scale` is applied to the
+        [.., T, H] factors of the products instead of to every [.., T, S] block)."""
+        if kept is None:
+            return values
         # a scalar zero: Grappler folds zeros_like of a static shape into a constant each step keeps
-        return tf.where(kept, probabilities / (1.0 - self.rate), tf.zeros([], probabilities.dtype))
+        return tf.where(kept, values, tf.zeros([], values.dtype))
+
+    @property
+    def scale(self) -> float:
+        """What a kept probability is multiplied by: 1 / (1 - the rate applied)."""
+        return 65536 / (65536 - self._dropped_of_65536)
 
 
 class _Scores(NamedTuple):
@@ -126,7 +175,7 @@ class _Scores(NamedTuple):
 
     mask: AttentionMask
     dropout: _Dropout
-    query_block: int
+    query_block: int  # or an int32 scalar tensor (a batch known only when the step runs)
     key_block: int
     negative: float
 
@@ -217,10 +266,12 @@ def _forward(scores: _Scores, query, key, value):
     """(output [B, T, N, Hv], log-sum-exp [B, T, N]) with an online softmax over key blocks."""
     length, key_length = _length(query, 1), _length(key, 1)
     query_blocks, key_blocks = _blocks(length, scores.query_block), _blocks(key_length, scores.key_block)
+    output_shape = query.shape[:3].concatenate(value.shape[3:])  # [B, T, N, Hv]: what backward's loops start from
+    query, key, value = _heads_first(query), _heads_first(key), _heads_first(value)  # once, not per block
 
     def query_step(i, outputs, log_sum_exps):
         start, end = _bounds(i, scores.query_block, length)
-        rows = _heads_first(query[:, start:end])
+        rows = query[:, :, start:end]
         row_shape = tf.shape(rows)[:3]
         maximum = tf.fill(row_shape, tf.constant(-float("inf"), rows.dtype))
         total = tf.zeros(row_shape, rows.dtype)
@@ -228,18 +279,20 @@ def _forward(scores: _Scores, query, key, value):
 
         def key_step(j, maximum, total, weighted):
             key_start, key_end = _bounds(j, scores.key_block, key_length)
-            block = scores.of(rows, _heads_first(key[:, key_start:key_end]), start, key_start)
+            block = scores.of(rows, key[:, :, key_start:key_end], start, key_start)
             new_maximum = tf.maximum(maximum, tf.reduce_max(block, axis=-1))
             probabilities = tf.exp(block - new_maximum[..., tf.newaxis])
             rescale = tf.exp(maximum - new_maximum)
             total = total * rescale + tf.reduce_sum(probabilities, axis=-1)
-            dropped = scores.dropout.apply(probabilities, i * key_blocks + j)
-            weighted = weighted * rescale[..., tf.newaxis] + tf.matmul(
-                dropped, _heads_first(value[:, key_start:key_end]))
+            dropped = scores.dropout.zeroed(probabilities, scores.dropout.kept(probabilities, i * key_blocks + j))
+            weighted = weighted * rescale[..., tf.newaxis] + tf.matmul(dropped, value[:, :, key_start:key_end])
             return new_maximum, total, weighted
 
         maximum, total, weighted = _loop(0, scores.key_blocks_seen(end, key_blocks), key_step,
                                          (maximum, total, weighted))
+        dropout_scale = scores.dropout.scale
+        if dropout_scale != 1.0:
+            weighted = weighted * dropout_scale
         return (outputs.write(i, _sequence_first(weighted / total[..., tf.newaxis])),
                 log_sum_exps.write(i, _sequence_first(maximum + tf.math.log(total))))
 
@@ -247,8 +300,8 @@ def _forward(scores: _Scores, query, key, value):
               tf.TensorArray(query.dtype, size=query_blocks, infer_shape=False))
     outputs, log_sum_exps = _loop(0, query_blocks, query_step, arrays)
     output, log_sum_exp = tf.transpose(outputs.concat(), [1, 0, 2, 3]), tf.transpose(log_sum_exps.concat(), [1, 0, 2])
-    output.set_shape(query.shape[:3].concatenate(value.shape[3:]))  # what backward's loops start from
-    log_sum_exp.set_shape(query.shape[:3])
+    output.set_shape(output_shape)
+    log_sum_exp.set_shape(output_shape[:3])
     return output, log_sum_exp
 
 
@@ -259,21 +312,25 @@ def _backward(scores: _Scores, query, key, value, output, log_sum_exp, d_output)
     the others, as adding into one [T, ...] tensor would)."""
     length, key_length = _length(query, 1), _length(key, 1)
     query_blocks, key_blocks = _blocks(length, scores.query_block), _blocks(key_length, scores.key_block)
-    row_dot = tf.reduce_sum(d_output * output, axis=-1)  # [B, T, N]: sum_j p_ij dp_ij of each row
+    row_dot = _heads_first(tf.reduce_sum(d_output * output, axis=-1))  # [B, N, T]: sum_j p_ij dp_ij of each row
+    # heads first once, not per block; d_output times the dropout's scale (the kept probabilities' factor)
+    query, key, value = _heads_first(query), _heads_first(key), _heads_first(value)
+    d_output = _heads_first(d_output if scores.dropout.scale == 1.0 else d_output * scores.dropout.scale)
+    log_sum_exp = _heads_first(log_sum_exp)
 
     def key_step(j, d_queries, d_keys, d_values):
         key_start, key_end = _bounds(j, scores.key_block, key_length)
-        key_rows, value_rows = _heads_first(key[:, key_start:key_end]), _heads_first(value[:, key_start:key_end])
+        key_rows, value_rows = key[:, :, key_start:key_end], value[:, :, key_start:key_end]
 
         def query_step(i, d_queries, d_key, d_value):
             start, end = _bounds(i, scores.query_block, length)
-            rows, d_rows = _heads_first(query[:, start:end]), _heads_first(d_output[:, start:end])
+            rows, d_rows = query[:, :, start:end], d_output[:, :, start:end]
             block = scores.of(rows, key_rows, start, key_start)
-            probabilities = tf.exp(block - _heads_first(log_sum_exp[:, start:end])[..., tf.newaxis])
-            position = i * key_blocks + j
-            d_value += tf.matmul(scores.dropout.apply(probabilities, position), d_rows, transpose_a=True)
-            d_probabilities = scores.dropout.apply(tf.matmul(d_rows, value_rows, transpose_b=True), position)
-            d_block = probabilities * (d_probabilities - _heads_first(row_dot[:, start:end])[..., tf.newaxis])
+            probabilities = tf.exp(block - log_sum_exp[:, :, start:end, tf.newaxis])
+            kept = scores.dropout.kept(probabilities, i * key_blocks + j)  # drawn once for both products
+            d_value += tf.matmul(scores.dropout.zeroed(probabilities, kept), d_rows, transpose_a=True)
+            d_probabilities = scores.dropout.zeroed(tf.matmul(d_rows, value_rows, transpose_b=True), kept)
+            d_block = probabilities * (d_probabilities - row_dot[:, :, start:end, tf.newaxis])
             d_key += tf.matmul(d_block, rows, transpose_a=True)
             # every query block sees key block 0 first (a causal mask skips only later ones)
             d_queries = _added(d_queries, i, _sequence_first(tf.matmul(d_block, key_rows)), first=j == 0)

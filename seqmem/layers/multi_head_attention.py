@@ -19,6 +19,7 @@ Keras' own computation runs instead (and holds what Keras holds) where blocks ca
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import tensorflow as tf
 
@@ -32,15 +33,17 @@ class MemoryEfficientMultiHeadAttention(tf.keras.layers.MultiHeadAttention):
     """`tf.keras.layers.MultiHeadAttention` computing attention in blocks (module docstring).
 
     query_block_size, key_block_size: positions of queries and of keys per block (each block's scores are
-    [B, heads, query_block_size, key_block_size]); every other argument is Keras'. Raises ValueError for a
-    block size below 1.
+    [B, heads, query_block_size, key_block_size]); None: chosen for each call's batch and heads
+    (`seqmem.layers.blocked_attention.default_block`). Every other argument is Keras'. Raises ValueError
+    for a block size below 1.
     """
 
-    def __init__(self, *args, query_block_size: int = 128, key_block_size: int = 128, **kwargs):
+    def __init__(self, *args, query_block_size: Optional[int] = None, key_block_size: Optional[int] = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         for name, size in (("query_block_size", query_block_size), ("key_block_size", key_block_size)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"{name} must be a positive int, got {size!r}")
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {size!r}")
         self._query_block_size = query_block_size
         self._key_block_size = key_block_size
 

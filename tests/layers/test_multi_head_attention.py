@@ -85,7 +85,7 @@ def test_config_round_trip_and_keras_config_loads():
     restored = MemoryEfficientMultiHeadAttention.from_config(dict(config))  # Keras' from_config edits its argument
     assert restored.get_config() == config
     keras_config = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=4).get_config()
-    assert MemoryEfficientMultiHeadAttention.from_config(keras_config).get_config()["key_block_size"] == 128
+    assert MemoryEfficientMultiHeadAttention.from_config(keras_config).get_config()["key_block_size"] is None
 
 
 def test_keras_masks_and_causal_mask_equal_the_manual_mask():
@@ -132,6 +132,19 @@ def test_dropout_is_reproducible_and_off_outside_training():
     keras_layer(query, value)
     keras_layer.set_weights(layer.get_weights())
     _close(layer(query, value, training=False), keras_layer(query, value, training=False))
+
+
+def test_dropout_masks_drop_the_rate_asked_for_and_repeat_for_a_position():
+    from seqmem.layers.blocked_attention import _Dropout
+
+    dropout = _Dropout(0.3, tf.constant([5, 6]))
+    block = tf.zeros([2, 3, 64, 333])  # an odd number of keys: the last pair of 16-bit draws is cut
+    kept = dropout.kept(block, 7).numpy()
+    assert kept.shape == (2, 3, 64, 333)
+    assert abs((1 - kept.mean()) - 0.3) < 5 * np.sqrt(0.3 * 0.7 / kept.size)  # stateless: the same every run
+    np.testing.assert_array_equal(kept, dropout.kept(block, 7))
+    assert not np.array_equal(kept, dropout.kept(block, 8))
+    assert dropout.scale == pytest.approx(1 / 0.7, rel=1e-4)
 
 
 def test_dropout_gradients_match_finite_differences():
@@ -191,8 +204,31 @@ def test_mixed_precision_computes_in_float32_and_returns_float16():
     _close(tf.cast(output, tf.float32), reference, 1e-3)
 
 
+def test_default_blocks_fit_block_scores_for_known_and_unknown_batches(monkeypatch):
+    """Without block sizes, blocks are the largest power of two whose scores fit BLOCK_SCORES for the
+    call's batch * heads; where the batch is known only when the step runs, the same size is computed
+    in the graph, and the values equal Keras' either way."""
+    import seqmem.layers.blocked_attention as module
+
+    assert [module.default_block(n) for n in (1, 4, 160, 1 << 30)] == [2048, 1024, 128, 16]
+    assert [int(module.default_block(tf.constant(n))) for n in (1, 4, 160, 1 << 30)] == [2048, 1024, 128, 16]
+    monkeypatch.setattr(module, "BLOCK_SCORES", B * 4 * 16 * 16)  # 4 heads: blocks of 16, T = 37 in 3 of them
+    query, value = _inputs()
+    keras_layer = tf.keras.layers.MultiHeadAttention(num_heads=4, key_dim=8)
+    ours = MemoryEfficientMultiHeadAttention(num_heads=4, key_dim=8)
+    keras_layer(query, value)
+    ours(query, value)
+    ours.set_weights(keras_layer.get_weights())
+    unknown_batch = [tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in (query, value)]
+    for causal in (False, True):
+        expected = keras_layer(query, value, use_causal_mask=causal)
+        _close(ours(query, value, use_causal_mask=causal), expected)
+        traced = tf.function(lambda q, v: ours(q, v, use_causal_mask=causal), input_signature=unknown_batch)  # noqa: B023
+        _close(traced(query, value), expected)
+
+
 def test_bad_arguments_are_refused():
-    with pytest.raises(ValueError, match="query_block_size must be a positive int"):
+    with pytest.raises(ValueError, match="query_block_size must be a positive int or None"):
         MemoryEfficientMultiHeadAttention(num_heads=2, key_dim=4, query_block_size=0)
     q = tf.zeros([1, 4, 2, 3])
     with pytest.raises(ValueError, match="dropout needs a seed"):
