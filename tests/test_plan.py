@@ -112,6 +112,49 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
     assert any(ref.node.startswith("seqmem_swap/") for ref in rewritten.node("join").inputs)
 
 
+def test_a_floor_counts_a_restored_input_as_the_ops_own():
+    """A feature map computed in place (a Relu over its BiasAdd's buffer) is swapped where the peak was
+    (g3's large output) and restored for g1, where the lowest peak is: the restored copy is g1's input, part
+    of its working set, not a buffer held beside it."""
+    nodes = [node("x", "Placeholder", outputs=(1024,))]
+    for i in range(1, 5):
+        nodes += [node(f"b{i}", "BiasAdd", ["x" if i == 1 else f"f{i - 1}"], outputs=(MB,)),
+                  node(f"f{i}", "Relu", [f"b{i}"], outputs=(MB,))]
+    nodes += [node("loss", "Sum", ["f4"], outputs=(TensorInfo("float32", (), 4),)), node("ones", "Const")]
+    for i, size in ((4, 2), (3, 12), (2, 2), (1, 13)):
+        nodes.append(node(f"gradient_tape/g{i}", "Op", ["ones" if i == 4 else f"gradient_tape/g{i + 1}", f"f{i}"],
+                          outputs=(size * MB,)))
+    result = choose_conservations(_analysis(graph(*nodes)), budget_bytes=1, allocator="exact")
+    assert TensorRef("f1") in {d.tensor for d in result.plan.decisions}
+    floor = result.floor
+    assert floor.op == "gradient_tape/g1" and not floor.held
+    assert floor.working_bytes == (2 + 1 + 13) * MB
+
+
+def test_a_floor_held_for_a_function_call_says_so():
+    """A loss-scale optimizer's update is an `If` taking every gradient (and returning nothing), with
+    handles captured for its branch (allocating nothing) scheduled before it: the peak lasts from the last
+    gradient's op until the `If`, and a gradient held across it is named as the call's input."""
+    g = graph(node("x", "Placeholder", outputs=(1024,)), node("f1", "Op", ["x"], outputs=(MB,)),
+              node("f2", "Op", ["f1"], outputs=(MB,)),
+              node("loss", "Sum", ["f2"], outputs=(TensorInfo("float32", (), 4),)), node("ones", "Const"),
+              node("gradient_tape/dw2", "Op", ["ones", "f2"], outputs=(4 * MB,)),
+              node("gradient_tape/g2", "Op", ["ones", "f2"], outputs=(MB,)),
+              node("gradient_tape/dw1", "Op", ["gradient_tape/g2", "f1"], outputs=(4 * MB,)),
+              node("scaled", "Op", ["gradient_tape/dw1"], outputs=(4 * MB,)),
+              node("update/input_3", "Op", control=("scaled",), outputs=(0,)),
+              node("update", "If", ["gradient_tape/dw2", "gradient_tape/dw1", "scaled", "update/input_3"],
+                   outputs=()))
+    options = ConservationOptions(min_bytes=64 * MB)
+    result = choose_conservations(_analysis(g), budget_bytes=1, allocator="exact", options=options)
+    floor = result.floor
+    assert (floor.op, floor.until, floor.until_type) == ("scaled", "update", "If")
+    assert [b.tensor.node for b in floor.held] == ["gradient_tape/dw2"]
+    assert floor.held[0].why == ("an input of If 'update', a function call: it takes every input on the device "
+                                 "at once, and seqmem plans nothing inside function bodies")
+    assert "the peak lasts until If 'update'" in result.reason
+
+
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():
     g = mlp_like()
     expected = (r"smallest achievable peak is [\d.]+ MB \(Op '.*'; of it [\d.]+ MB live through the step .*, "

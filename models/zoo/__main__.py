@@ -132,8 +132,11 @@ def _failure(run: dict) -> str:
     floor = run.get("floor")
     if floor:
         held = floor["largest_held"][0] if floor["largest_held"] else None
-        largest = "" if held is None else f"; largest held {held['tensor']}, {held['size_bytes'] / MIB:.1f} MB"
-        return (f"floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}: "
+        largest = "" if held is None else (f"; largest held {held['tensor']}, {held['size_bytes'] / MIB:.1f} MB "
+                                           f"({held['why'].split(':')[0]})")
+        until = floor.get("until", floor["op"])
+        lasting = "" if until == floor["op"] else f" until {floor['until_type']} {until!r}"
+        return (f"floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}{lasting}: "
                 f"{floor['persistent_bytes'] / MIB:.1f} live through the step + {floor['working_bytes'] / MIB:.1f} "
                 f"the op's working set + {floor['held_bytes'] / MIB:.1f} held{largest}")
     if "infeasible" in run:

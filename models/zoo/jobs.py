@@ -81,7 +81,8 @@ def _floor_fields(floor) -> dict[str, Any] | None:
     if floor is None:
         return None
     held = [{"tensor": str(b.tensor), "size_bytes": b.size_bytes, "why": b.why} for b in floor.held[:3]]
-    return {"op": floor.op, "op_type": floor.op_type, "peak_bytes": floor.peak_bytes,
+    return {"op": floor.op, "op_type": floor.op_type, "until": floor.until, "until_type": floor.until_type,
+            "peak_bytes": floor.peak_bytes,
             "persistent_bytes": floor.persistent_bytes, "working_bytes": floor.working_bytes,
             "held_bytes": floor.held_bytes, "largest_held": held}
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from seqmem.analysis import StepAnalysis
 from seqmem.anatomy import StepAnatomy
-from seqmem.ir.graph import TensorRef
+from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.op_tables import FUNCTIONAL_OPS
 from seqmem.sim.trace import MemoryTrace
 from seqmem.swap.plan import SwapPlan
 from seqmem.units import MIB
@@ -37,7 +38,9 @@ class Floor:
 
     op, op_type: the node at the peak and its op. working_bytes: the buffers the op reads and writes, plus
     what the allocator model counts there beyond the tensors (scratch, rounding). held: the other live
-    buffers, largest first.
+    buffers, largest first. until, until_type: the last node of the schedule before the bytes in use drop
+    below the peak (`op` itself where the peak lasts one node): ops that allocate nothing (a function's
+    captured handles) can stand between the peak's first node and the one that reads what is held.
     """
 
     op: str
@@ -46,6 +49,8 @@ class Floor:
     persistent_bytes: int
     working_bytes: int
     held: tuple[HeldBuffer, ...]
+    until: str = ""
+    until_type: str = ""
 
     @property
     def held_bytes(self) -> int:
@@ -53,7 +58,8 @@ class Floor:
 
     def describe(self, largest: int = 2) -> str:
         """One sentence: the split, and the largest held buffers with their reasons."""
-        text = (f"of it {self.persistent_bytes / MIB:.1f} MB live through the step (weights, optimizer slots, "
+        text = f"the peak lasts until {self.until_type} '{self.until}'; " if self.until != self.op else ""
+        text += (f"of it {self.persistent_bytes / MIB:.1f} MB live through the step (weights, optimizer slots, "
                 f"inputs), {self.working_bytes / MIB:.1f} MB the op's own inputs, outputs and scratch, "
                 f"{self.held_bytes / MIB:.1f} MB held by {len(self.held)} other buffers")
         if self.held[:largest]:
@@ -72,16 +78,34 @@ def floor_of(analysis: StepAnalysis, trace: MemoryTrace, plan: SwapPlan) -> Floo
     def owner(ref: TensorRef) -> TensorRef:  # decisions name a tensor; the trace, the owner of its buffer
         return trace.buffer_of.get(ref, ref)
 
-    used = {owner(ref) for ref in (*node.inputs, *(TensorRef(name, i) for i in range(len(node.outputs))))}
-    conserved = {owner(decision.tensor): decision.kind.name for decision in plan.decisions}
+    def keys(refs) -> set:  # a restored copy's buffer is named by the conserved tensor, others by their owner
+        return {key for ref in refs for key in (ref, owner(ref))}
+
+    used = keys((*node.inputs, *(TensorRef(name, i) for i in range(len(node.outputs)))))
+    until = _peak_end(trace, device)
+    read_at_end = keys(graph.node(until).inputs)
+    conserved = {key: decision.kind.name for decision in plan.decisions for key in keys([decision.tensor])}
     skipped = {owner(item.tensor): item.reason for item in plan.skipped}
-    held = tuple(HeldBuffer(tensor, size, _why_held(tensor, anatomy, conserved, skipped))
+    held = tuple(HeldBuffer(tensor, size, _why_held(tensor, anatomy, conserved, skipped, graph, until, read_at_end))
                  for tensor, size in device.live_at_peak if tensor not in used)
     working = device.peak_bytes - device.persistent_bytes - sum(buffer.size_bytes for buffer in held)
-    return Floor(name, node.op, device.peak_bytes, device.persistent_bytes, working, held)
+    return Floor(name, node.op, device.peak_bytes, device.persistent_bytes, working, held, until, graph.node(until).op)
 
 
-def _why_held(tensor: TensorRef, anatomy: StepAnatomy, conserved: dict, skipped: dict) -> str:
+def _peak_end(trace: MemoryTrace, device) -> str:
+    """The last node of the schedule, from the peak's, before the device's bytes in use drop."""
+    step = device.peak_step
+    while step + 1 < len(device.live_bytes) and device.live_bytes[step + 1] == device.live_bytes[device.peak_step]:
+        step += 1
+    return trace.order[step]
+
+
+def _why_held(tensor: TensorRef, anatomy: StepAnatomy, conserved: dict, skipped: dict, graph: Graph, until: str,
+              read_at_end: set) -> str:
+    if tensor in read_at_end and graph.node(until).op in FUNCTIONAL_OPS:
+        how = f"conserved ({conserved[tensor]}) and restored for" if tensor in conserved else "an input of"
+        return (f"{how} {graph.node(until).op} '{until}', a function call: it takes every input on the device "
+                "at once, and seqmem plans nothing inside function bodies")
     if tensor in conserved:
         return f"conserved ({conserved[tensor]}) and on the device here"
     if tensor in skipped:

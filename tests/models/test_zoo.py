@@ -28,7 +28,11 @@ def test_the_table_shows_a_failed_run_and_a_floor():
              "largest_held": [{"tensor": "h:0", "size_bytes": 1 << 20, "why": "computed in backward"}]}
     row["optimized"][0]["floor"] = floor
     assert ("floor 8.0 MB at MatMul 'g': 3.0 live through the step + 4.0 the op's working set + 1.0 held; "
-            "largest held h:0, 1.0 MB") in zoo._markdown_row(row, 2)
+            "largest held h:0, 1.0 MB (computed in backward)") in zoo._markdown_row(row, 2)
+    floor.update(until="update", until_type="If", largest_held=[
+        {"tensor": "h:0", "size_bytes": 1 << 20, "why": "an input of If 'update', a function call: it takes ..."}])
+    assert ("floor 8.0 MB at MatMul 'g' until If 'update': 3.0 live through the step + 4.0 the op's working set + "
+            "1.0 held; largest held h:0, 1.0 MB (an input of If 'update', a function call)") in zoo._markdown_row(row, 2)
 
 
 def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():
