@@ -16,7 +16,7 @@ from seqmem.analysis import StepAnalysis
 from seqmem.anatomy import StepAnatomy
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTIONAL_OPS
-from seqmem.sim.trace import MemoryTrace
+from seqmem.sim.trace import DeviceTimeline, MemoryTrace
 from seqmem.swap.plan import SwapPlan
 from seqmem.units import MIB
 
@@ -92,7 +92,7 @@ def floor_of(analysis: StepAnalysis, trace: MemoryTrace, plan: SwapPlan) -> Floo
     return Floor(name, node.op, device.peak_bytes, device.persistent_bytes, working, held, until, graph.node(until).op)
 
 
-def _peak_end(trace: MemoryTrace, device) -> str:
+def _peak_end(trace: MemoryTrace, device: DeviceTimeline) -> str:
     """The last node of the schedule, from the peak's, before the device's bytes in use drop."""
     step = device.peak_step
     while step + 1 < len(device.live_bytes) and device.live_bytes[step + 1] == device.live_bytes[device.peak_step]:
