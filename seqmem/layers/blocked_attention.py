@@ -12,9 +12,8 @@ inputs, outputs and their gradients, no tensor larger than one block's [B, N, qu
 exists at a time: memory O(T * d) instead of O(N * T * S). The blocks run one after another (a
 `tf.while_loop`, one iteration at a time; a single block runs without a loop). Where the block sizes are
 not given, both are the largest power of two whose block holds at most `BLOCK_SCORES` numbers for the
-call's batch and heads: every block op then does enough work to amortize the executor's fixed cost per op
-(on CPU, a block of 128 x 128 for one example and 4 heads spends most of its time there), and the blocks
-stay far below the [B, N, T, S] tensors Keras keeps at the lengths where blocking matters.
+call's batch and heads: every block op then does enough work to amortize the executor's fixed cost per op,
+and the blocks stay far below the [B, N, T, S] tensors Keras keeps at the lengths where blocking matters.
 
 Masks are applied as Keras' softmax applies them: a masked score gets -1e9 added (the float16 minimum in
 float16), so a row with every key masked attends to all keys alike, as in Keras. Dropout drops
@@ -132,9 +131,9 @@ def _check(query, key, value, dropout_rate, seed, query_block, key_block) -> Non
 
 class _Dropout(NamedTuple):
     """Dropout of one block's probabilities, its mask a function of the seed and the block's position.
-    Each probability gets 16 random bits (a Philox draw of 32 serves two, half the cost of a float draw
-    each: masks are drawn twice, in forward and again in backward), so the rate applied is `rate` rounded
-    to a multiple of 1 / 65536, and `scale` matches it."""
+    Each probability gets 16 random bits (one 32-bit Philox number serves two; masks are drawn twice, in
+    forward and again in backward), so the rate applied is `rate` rounded to a multiple of 1 / 65536, and
+    `scale` matches it."""
 
     rate: float
     seed: Optional[tf.Tensor]
