@@ -3,10 +3,9 @@
 Importing seqmem does not import TensorFlow, so `seqmem.device` can configure
 the emulated device first; the names below load their modules on first use.
 
-The pipeline, one package or module a stage:
-capture (`seqmem.edge`) -> IR (`seqmem.ir`) -> analyze (`seqmem.anatomy`,
-`seqmem.critical_path`, `seqmem.sim`) -> plan (`seqmem.plan`, `seqmem.swap`)
--> rewrite (`seqmem.swap.rewrite`) -> run (`seqmem.runtime`).
+The pipeline, one package a stage:
+capture (`seqmem.edge`) -> IR (`seqmem.ir`) -> analyze (`seqmem.analyze`, `seqmem.sim`) -> plan
+(`seqmem.plan`, deciding `seqmem.decisions`) -> rewrite (`seqmem.rewrite`) -> run (`seqmem.runtime`).
 """
 
 import importlib
@@ -20,9 +19,9 @@ __all__ = [
     "MemoryEfficientLSTM",
     "MemoryEfficientMultiHeadAttention",
     "OptimizedStep",
+    "Plan",
     "Profile",
     "StepAnatomy",
-    "SwapPlan",
     "TensorRef",
     "analyze_step",
     "analyze_timing",
@@ -38,15 +37,15 @@ __all__ = [
 _HOME = {
     "Graph": "seqmem.ir.graph",
     "TensorRef": "seqmem.ir.graph",
-    "StepAnatomy": "seqmem.anatomy",
-    "analyze_step": "seqmem.anatomy",
-    "MachineModel": "seqmem.critical_path",
-    "analyze_timing": "seqmem.critical_path",
+    "StepAnatomy": "seqmem.analyze.anatomy",
+    "analyze_step": "seqmem.analyze.anatomy",
+    "MachineModel": "seqmem.analyze.critical_path",
+    "analyze_timing": "seqmem.analyze.critical_path",
     "simulate": "seqmem.sim.simulator",
     "Profile": "seqmem.runtime.profile",
     "profile": "seqmem.runtime.profile",
     "InfeasibleBudgetError": "seqmem.errors",
-    "SwapPlan": "seqmem.swap.plan",
+    "Plan": "seqmem.decisions.plan",
     "OptimizedStep": "seqmem.runtime.optimized_step",
     "optimize": "seqmem.runtime.optimize",
     "MemoryEfficientBahdanauAttention": "seqmem.layers.attention",

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from seqmem.examples import EXAMPLE_NAMES
-from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, KINDS, ConservationOptions
+from seqmem.decisions.plan import DEFAULT_SAFETY_MARGIN, KINDS, ConservationOptions
 from seqmem.units import MIB
 
 __all__ = ["accuracy_command", "demo_command", "largest_batches_command", "main", "plan_command", "profile_command",

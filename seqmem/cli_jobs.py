@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions
+from seqmem.decisions.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions
 
 __all__ = ["example_step", "model_step", "plan_step", "profile_step"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis, as_planned
+from seqmem.analyze.analysis import StepAnalysis, as_planned
 from seqmem.plan import swap_events
-from seqmem.critical_path import Timing
+from seqmem.analyze.critical_path import Timing
 from seqmem.files import save_figure
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import MemoryTrace
-from seqmem.swap.plan import SwapPlan
+from seqmem.decisions.plan import Plan
 from seqmem.units import MIB
 
 __all__ = ["plot_memory_curves", "plot_plan"]
@@ -70,7 +70,7 @@ def plot_memory_curves(
     return save_figure(figure, path)
 
 
-def plot_plan(path: str, analysis: StepAnalysis, plan: SwapPlan, *, title: str) -> str:
+def plot_plan(path: str, analysis: StepAnalysis, plan: Plan, *, title: str) -> str:
     """Write a PNG of the step's predicted memory before `plan` (as it runs) and after it (in the plan's
     pinned order, if it has one), BFC allocator model, with the budget. Returns `path`."""
     baseline = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options())

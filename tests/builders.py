@@ -70,7 +70,7 @@ def loop_lists_training_graph(iterations=10, list_element_bytes=(1 << 20,), buff
     """loop_training_graph with one list per entry of `list_element_bytes` (element bytes each), list i
     at `fwd:i+1`, accumulators `acc`, `acc1`, `acc2`, ...; `buffers`: each list's `LoopSwap.buffer`
     (default: unknown). Returns the graph and the lists' `LoopSwap`s."""
-    from seqmem.swap.plan import LoopSwap
+    from seqmem.decisions.plan import LoopSwap
 
     variant = lambda size: TensorInfo("variant", (), size)  # noqa: E731
     accumulators = ["acc" if i == 0 else f"acc{i}" for i in range(len(list_element_bytes))]

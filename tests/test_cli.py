@@ -12,7 +12,7 @@ import pytest
 
 from seqmem import cli
 from seqmem.cli import main
-from seqmem.swap.plan import SwapPlan
+from seqmem.decisions.plan import Plan
 
 
 @pytest.mark.parametrize("argv", [
@@ -138,7 +138,7 @@ def test_profile_and_plan_a_saved_keras_model(tmp_path, capsys):
                  "--kinds", "swap,recompute", "--host-memory-mb", "4096", "--json", str(plan_json), "--png", str(tmp_path / "plan.png")]) == 0
     printed = capsys.readouterr().out
     assert "(fits)" in printed and "trained two steps with the plan" in printed
-    plan = SwapPlan.from_json(plan_json.read_text())
+    plan = Plan.from_json(plan_json.read_text())
     assert plan.decisions and plan.budget_bytes == 130 << 20 and plan.options.kinds == ("swap", "recompute")
     assert plan.options.max_host_bytes == 4096 << 20
     assert plan.measured_peak_bytes <= plan.budget_bytes

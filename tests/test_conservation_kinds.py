@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqmem.analysis import analyze_graph
+from seqmem.analyze.analysis import analyze_graph
 from seqmem.plan import choose_conservations, simulate_baseline
 from seqmem.plan.candidates import Option, conservation_candidates
 from seqmem.plan.host_room import HostRoom
 from seqmem.plan.search import cheapest_helpful
-from seqmem.critical_path import MachineModel
+from seqmem.analyze.critical_path import MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
-from seqmem.swap.kinds import Recompute, kind_named
-from seqmem.swap.plan import KINDS, ConservationOptions, SwapDecision, SwapPlan
-from seqmem.swap.rewrite import rewrite
+from seqmem.decisions.kinds import Recompute, kind_named
+from seqmem.decisions.plan import KINDS, ConservationOptions, Decision, Plan
+from seqmem.rewrite.conservations import rewrite
 from tests.builders import IdentityBackend, graph, node, tensor
 
 MB = 1 << 20
@@ -24,7 +24,7 @@ LOSSLESS = ConservationOptions(kinds=("swap", "recompute"))
 EVERY_KIND = ConservationOptions(kinds=KINDS, compression="float16")
 
 
-def _fitting(*arguments, **options) -> SwapPlan:
+def _fitting(*arguments, **options) -> Plan:
     """The plan `choose_conservations` finds; InfeasibleBudgetError where none fits."""
     return choose_conservations(*arguments, **options).fitting_plan()
 
@@ -71,7 +71,7 @@ def test_recompute_reruns_a_cheap_op_from_a_tensor_the_device_keeps_anyway():
     copy = new.node(next(r.node for r in new.node(decision.consumers[0]).inputs if r.node.startswith("seqmem_swap")))
     assert copy.op == "Relu" and copy.inputs == (TensorRef(f"m{decision.tensor.node[1:]}"),)
     assert decision.trigger in copy.control_inputs
-    assert "recompute" in plan.summary() and SwapPlan.from_json(plan.to_json()) == plan
+    assert "recompute" in plan.summary() and Plan.from_json(plan.to_json()) == plan
 
 
 def test_lossless_kinds_swap_what_hides_its_transfer_and_recompute_what_cannot():
@@ -174,7 +174,7 @@ def test_options_limit_sizes_lifetimes_and_insertions():
     candidates, skipped = conservation_candidates(analysis, trace, MachineModel(), ConservationOptions(min_slack_s=1e6), position,
                                       set())
     assert not candidates and all("under min_slack_s" in s.reason for s in skipped if s.size_bytes >= MB)
-    assert SwapPlan.from_json(one.to_json()) == one
+    assert Plan.from_json(one.to_json()) == one
 
 
 def test_swaps_hold_no_more_host_memory_than_allowed():
@@ -187,7 +187,7 @@ def test_swaps_hold_no_more_host_memory_than_allowed():
     _, halved = _plan(g, 0.5, ConservationOptions(kinds=("compress+swap",), compression="float16",
                                                   max_host_bytes=limit))
     assert 0 < halved.host_bytes <= limit and halved.host_bytes == sum(d.compressed_bytes for d in halved.decisions)
-    assert "host memory" in halved.summary() and SwapPlan.from_json(halved.to_json()) == halved
+    assert "host memory" in halved.summary() and Plan.from_json(halved.to_json()) == halved
 
 
 def _smallest_peak(g, options):
@@ -246,7 +246,7 @@ def options_of_one_candidate(draw):
     options = []
     for kind in draw(st.permutations(KINDS))[:count]:
         size = 4 * MB
-        decision = SwapDecision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind_named(kind, "float16"),
+        decision = Decision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind_named(kind, "float16"),
                                 cost_s=draw(st.floats(0, 1e-2)))
         options.append(Option(decision, in_pos=draw(st.integers(1, 20)), restore_bytes=0))
     return options, draw(st.integers(0, 19)), draw(st.integers(0, 5 * MB))

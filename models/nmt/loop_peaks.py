@@ -37,7 +37,7 @@ _DEVICE_MB = 2048
 def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, Any]:
     """Child process: measured peaks (bytes) and median seconds of `steps` steps with `loops` (one of
     LOOP_SETTINGS), and the predicted peak of the step as traced; `batch` of the NMT steps."""
-    from seqmem.analysis import as_planned
+    from seqmem.analyze.analysis import as_planned
     from seqmem.plan import loop_swapped, simulate_baseline
     from seqmem.runtime.measure import timed_steps
     from seqmem.runtime.optimize import optimize

@@ -63,7 +63,7 @@ def _parse(argv):
     if args.swap and not args.memory_budget_mb:
         parser.error("--swap optimizes for a budget: give --memory-budget-mb")
     args.kinds = tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip())
-    from seqmem.swap.plan import ConservationOptions
+    from seqmem.decisions.plan import ConservationOptions
 
     try:
         ConservationOptions(args.kinds)

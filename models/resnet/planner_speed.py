@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.runtime.step_analysis import analyze_function
     from seqmem.sim.simulator import simulate
-    from seqmem.swap.rewrite import rewrite
+    from seqmem.rewrite.conservations import rewrite
 
     started = time.perf_counter()
     step, _, specs = training_step(args.batch, args.depth, image_size=32, classes=10)

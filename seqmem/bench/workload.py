@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN
+from seqmem.decisions.plan import DEFAULT_SAFETY_MARGIN
 from seqmem.units import MIB
 
 __all__ = ["Runnable", "Workload", "measure", "measure_smallest", "predicted_batch", "runnable", "trains"]

@@ -60,7 +60,7 @@ from types import MappingProxyType
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from seqmem.critical_path import static_costs
+from seqmem.analyze.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.loop_swap import with_popped_shapes

@@ -103,7 +103,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     """The seqmem `Graph` of `target` (see the module docstring for what is accepted).
 
     trip_counts: iterations of the graph's own while loops, by node name, for loops whose condition sets no
-    constant bound (`unbounded_loops`; measured by `seqmem.edge.trip_counts`); a constant bound wins.
+    constant bound (`unbounded_loops`; measured by `seqmem.runtime.trip_counts`); a constant bound wins.
     Raises TypeError for anything else.
     """
     tf_graph, output_names = to_tf_graph(target, input_specs)

@@ -1,4 +1,4 @@
-"""The nodes of a blocked vocabulary head, made by TensorFlow, for `seqmem.swap.vocabulary_head.splice`.
+"""The nodes of a blocked vocabulary head, made by TensorFlow, for `seqmem.rewrite.vocabulary_head.splice`.
 
 The blocked computation is `seqmem.layers.softmax_loss`'s (`blocked_losses` and `blocked_gradients`),
 traced once for the head's shapes and dtypes: the forward nodes under `<scope>/`, the gradient's under
@@ -14,7 +14,7 @@ import tensorflow as tf
 from seqmem.edge import capture
 from seqmem.ir.graph import Graph, Node, TensorRef
 from seqmem.layers.softmax_loss import block_bounds, blocked_gradients, blocked_losses
-from seqmem.swap.vocabulary_head import VocabularyHead, splice
+from seqmem.rewrite.vocabulary_head import VocabularyHead, splice
 
 __all__ = ["blocked_head"]
 

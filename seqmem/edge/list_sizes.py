@@ -5,7 +5,7 @@ through identities, loops and function calls to the op that made it (an empty
 list a loop fills, a list made from a tensor's rows, a reserved list), and
 sizes it from the elements written to it and the loop's trip count: a constant
 bound in the loop's condition (`constant_trip_count`), else one measured
-(`seqmem.edge.trip_counts`, for the loops `unbounded_loops` lists). Each
+(`seqmem.runtime.trip_counts`, for the loops `unbounded_loops` lists). Each
 element is a buffer of its own, except where a loop pushes to an accumulator
 buffers it pushes to another accumulator too (the same value, a view of it,
 or a loop variable's previous value: counted in the first only).

@@ -44,7 +44,7 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, n
 from seqmem.edge import library
 from seqmem.ir.graph import loop_value_buffer
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, VIEW_OPS
-from seqmem.swap.plan import LoopSwap
+from seqmem.decisions.plan import LoopSwap
 
 __all__ = ["loop_accumulators", "swap_loop_accumulators", "with_popped_shapes"]
 

@@ -1,6 +1,6 @@
 """Pin the order of every while loop's body: each of its nodes waits for the one before it.
 
-A pinned step chains its own nodes (`seqmem.swap.pin`), not those of its loop
+A pinned step chains its own nodes (`seqmem.rewrite.pin`), not those of its loop
 bodies. There TensorFlow's executor runs a ready op inline or hands it to its
 pool by a running average of the op's measured cycles (`KernelStats` in its
 executor: expensive above 8000 cycles; the average of an op it runs inline is

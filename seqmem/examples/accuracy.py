@@ -3,7 +3,7 @@
 Each example runs in a fresh process on the emulated device (`device.run_with_budget`),
 so every measurement starts from an empty BFC arena. On one compute stream each
 example is measured twice: as it is (the executor's own order) and as `optimize`
-runs it: pinned to its planned schedule (`seqmem.swap.pin`), its while loops
+runs it: pinned to its planned schedule (`seqmem.rewrite.pin`), its while loops
 bounded to one iteration at a time (`seqmem.edge.loops`).
 """
 

@@ -269,7 +269,7 @@ ALL_GATHER_OPS = frozenset([
     "CollectiveGatherV2",
 ])
 
-# A data-parallel step's join of every gradient before the updates (`swap.barriers`).
+# A data-parallel step's join of every gradient before the updates (`ir.barriers`).
 GRADIENT_BARRIER_OPS = frozenset([
     "IdentityN",
 ])
@@ -340,7 +340,7 @@ NEVER_FOLDED_OPS = FUNCTION_CALL_OPS | FUNCTIONAL_LOOP_OPS | TF1_CONTROL_FLOW_OP
 # Loops that carry a `parallel_iterations` bound: functional loops, and TF1 frames' Enter nodes.
 LOOP_BOUND_OPS = FUNCTIONAL_LOOP_OPS | frozenset(["Enter", "RefEnter"])
 
-# Control flow TensorFlow lowers into its functions' nodes before it runs a step (`swap.pin`).
+# Control flow TensorFlow lowers into its functions' nodes before it runs a step (`rewrite.pin`).
 LOWERED_CONTROL_FLOW_OPS = FUNCTIONAL_LOOP_OPS | FUNCTIONAL_COND_OPS
 
 

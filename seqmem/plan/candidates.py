@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from seqmem.analysis import StepAnalysis
-from seqmem.anatomy import StepAnatomy
-from seqmem.critical_path import MachineModel, transfer_time_s
+from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.anatomy import StepAnatomy
+from seqmem.analyze.critical_path import MachineModel, transfer_time_s
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.plan.events import restore_bytes
 from seqmem.plan.readers import backward_content_readers, kept_until, last_early_reader
 from seqmem.sim.trace import MemoryTrace
-from seqmem.swap.kinds import HOST_KINDS, LOSSY_KINDS, Recompute, compressed_bytes, kind_named
-from seqmem.swap.plan import ConservationOptions, SkippedCandidate, SwapDecision
-from seqmem.swap.triggers import TriggerIndex
+from seqmem.decisions.kinds import HOST_KINDS, LOSSY_KINDS, Recompute, compressed_bytes, kind_named
+from seqmem.decisions.plan import ConservationOptions, SkippedCandidate, Decision
+from seqmem.plan.triggers import TriggerIndex
 
 __all__ = ["Candidate", "Option", "conservation_candidates"]
 
@@ -36,7 +36,7 @@ class Option:
     tensor is off the device at positions out_pos < i < in_pos), the bytes the device holds at in_pos
     besides the copy, and the tensors a recomputation reads (they must stay on the device)."""
 
-    decision: SwapDecision
+    decision: Decision
     in_pos: int
     restore_bytes: int
     reads: frozenset[TensorRef] = frozenset()
@@ -221,7 +221,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         else:
             copy_s = 2 * transfer_s  # out and in, on the compute's own time
         cost_s = copy_s + (2 * cast_s if lossy else 0.0)
-    decision = SwapDecision(ref, size, consumers, trigger, transfer_s, kind=conserved, cost_s=cost_s,
+    decision = Decision(ref, size, consumers, trigger, transfer_s, kind=conserved, cost_s=cost_s,
                             handle_bytes=machine.host_handle_bytes if conserved.to_host else 0)
     return Option(decision, position[trigger] + 1, restore_bytes(graph, decision), reads)
 

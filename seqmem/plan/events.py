@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analyze.analysis import StepAnalysis
 from seqmem.errors import SimulatedOutOfMemoryError
 from seqmem.ir.graph import Graph
 from seqmem.plan.readers import last_early_reader
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import MemoryTrace, SwapEvent
-from seqmem.swap.plan import SwapDecision, SwapPlan
+from seqmem.decisions.plan import Decision, Plan
 
 __all__ = ["Baseline", "restore_bytes", "simulate_baseline", "simulate_events", "swap_events"]
 
@@ -47,7 +47,7 @@ def simulate_baseline(analysis: StepAnalysis, *, allocator: str = "bfc", arena_b
 
 
 
-def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
+def swap_events(plan: Plan, analysis: StepAnalysis) -> list[SwapEvent]:
     """The simulator's view of `plan` on the analysis's schedule."""
     graph, order = analysis.graph, analysis.order
     position = {name: i for i, name in enumerate(order)}
@@ -61,6 +61,6 @@ def swap_events(plan: SwapPlan, analysis: StepAnalysis) -> list[SwapEvent]:
 
 
 
-def restore_bytes(graph: Graph, decision: SwapDecision) -> int:
+def restore_bytes(graph: Graph, decision: Decision) -> int:
     """Transient device bytes restoring `decision`'s tensor needs besides the copy (`Kind.restore_bytes`)."""
     return decision.kind.restore_bytes(decision.size_bytes, graph)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seqmem.analysis import StepAnalysis
-from seqmem.anatomy import StepAnatomy
+from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.anatomy import StepAnatomy
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTIONAL_OPS
 from seqmem.sim.trace import DeviceTimeline, MemoryTrace
-from seqmem.swap.plan import SwapPlan
+from seqmem.decisions.plan import Plan
 from seqmem.units import MIB
 
 __all__ = ["Floor", "HeldBuffer", "floor_of"]
@@ -68,7 +68,7 @@ class Floor:
         return text
 
 
-def floor_of(analysis: StepAnalysis, trace: MemoryTrace, plan: SwapPlan) -> Floor:
+def floor_of(analysis: StepAnalysis, trace: MemoryTrace, plan: Plan) -> Floor:
     """The floor of `plan`, whose simulation of `analysis` is `trace` (on its busiest device)."""
     graph, anatomy = analysis.graph, analysis.anatomy
     device = trace.busiest()

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis
-from seqmem.critical_path import MachineModel, transfer_time_s
+from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.critical_path import MachineModel, transfer_time_s
 from seqmem.ir.graph import Graph
 from seqmem.plan.events import Baseline, simulate_baseline
 from seqmem.plan.host_room import HostRoom
 from seqmem.sim.loop_swaps import iterations, with_loop_swaps
-from seqmem.swap.plan import LoopSwap
+from seqmem.decisions.plan import LoopSwap
 
 __all__ = ["choose_loop_swaps", "loop_swap_fields", "loop_swapped"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from seqmem.anatomy import StepAnatomy
+from seqmem.analyze.anatomy import StepAnatomy
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import SHAPE_OPS
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analyze.analysis import StepAnalysis
 from seqmem.plan.events import simulate_events, swap_events
 from seqmem.sim.reorder import refine_order
 from seqmem.sim.schedule import executor_order, pinned_nodes
 from seqmem.sim.trace import MemoryTrace
-from seqmem.swap.plan import SwapPlan
-from seqmem.swap.triggers import TriggerIndex
+from seqmem.decisions.plan import Plan
+from seqmem.plan.triggers import TriggerIndex
 
 __all__ = ["refined_pinned_order"]
 
 
-def refined_pinned_order(analysis: StepAnalysis, plan: SwapPlan, allocator: str = "bfc") -> tuple[str, ...]:
+def refined_pinned_order(analysis: StepAnalysis, plan: Plan, allocator: str = "bfc") -> tuple[str, ...]:
     """An order to pin `analysis`'s step to under which `plan`'s conservations peak lower than in
     `plan.pinned_order` (`sim.reorder.refine_order`; that order itself when no move lowers it). In each
     candidate order every restore comes right after the last backward node before its first reader (a late

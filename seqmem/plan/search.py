@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis
-from seqmem.critical_path import MachineModel
+from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.critical_path import MachineModel
 from seqmem.errors import ArenaFragmentationError, InfeasibleBudgetError
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import TensorRef
@@ -40,7 +40,7 @@ from seqmem.plan.host_room import HostRoom
 from seqmem.plan.loop_choice import choose_loop_swaps, loop_swap_fields
 from seqmem.plan.segment_tree import MaxTree
 from seqmem.sim.trace import MemoryTrace
-from seqmem.swap.plan import ConservationOptions, LoopSwap, SkippedCandidate, SwapPlan
+from seqmem.decisions.plan import ConservationOptions, LoopSwap, SkippedCandidate, Plan
 from seqmem.units import MIB
 
 __all__ = ["PlanResult", "cheapest_helpful", "choose_conservations"]
@@ -60,14 +60,14 @@ class PlanResult:
     the lowest plan's peak is made of, where no plan fits and the model placed its buffers (None otherwise).
     """
 
-    plan: Optional[SwapPlan]
+    plan: Optional[Plan]
     fits: bool
     smallest_peak_bytes: int
     fragmented: bool = False
     reason: str = ""
     floor: Optional[Floor] = None
 
-    def fitting_plan(self) -> SwapPlan:
+    def fitting_plan(self) -> Plan:
         """The plan, where it fits. Raises `error()` where none does."""
         if not self.fits:
             raise self.error()
@@ -127,7 +127,7 @@ def choose_conservations(
     pinned_order = analysis.order if pinned else ()
     if baseline.fits(target_bytes):
         fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
-        plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
+        plan = Plan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
                         notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
         return PlanResult(plan, True, plan.predicted_peak_after_bytes)
 
@@ -166,10 +166,10 @@ class _SearchResult:
     `placed` in the arena too) and the lowest-peak plan it tried (more swaps can raise a peak), with its
     simulation (`lowest_trace`) of the analysis the search planned on (`searched`: with its loop swaps)."""
 
-    plan: SwapPlan
+    plan: Plan
     fits: bool
     placed: bool
-    lowest_plan: SwapPlan
+    lowest_plan: Plan
     lowest_placed: bool
     lowest_trace: MemoryTrace
     searched: StepAnalysis
@@ -210,7 +210,7 @@ class _Search:
         loop_fields = loop_swap_fields(loop_swaps, self.loop_swap_depth, self.analysis.graph, machine)
         start = baseline.trace
         if baseline.fits(target_bytes):
-            plan = SwapPlan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
+            plan = Plan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
                             pinned_order=pinned_order, options=options, **loop_fields,
                             notes=("the step fits with its loops' accumulators swapped: no other swaps",))
             return _SearchResult(plan, True, True, plan, True, start, analysis, host.refused)
@@ -253,7 +253,7 @@ class _Search:
             if after.peak_bytes > target_bytes:
                 live_target -= max(after.peak_bytes - target_bytes, target_bytes // 20)
 
-        def finished(target: int, decisions: Mapping, peak_bytes: int) -> SwapPlan:
+        def finished(target: int, decisions: Mapping, peak_bytes: int) -> Plan:
             plan = _plan(budget_bytes, target, before, decisions, skipped, candidates, options, peak_bytes,
                          target_bytes)
             return dataclasses.replace(plan, pinned_order=pinned_order, **{
@@ -338,7 +338,7 @@ def _unchoose(tree: MaxTree, candidate: Candidate, option: Option, chosen: dict,
 
 
 def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, options, peak_after=None,
-          search_target_bytes=None) -> SwapPlan:
+          search_target_bytes=None) -> Plan:
     """The plan of the `chosen` candidates; the others listed as skipped, "not needed" where the peak fits
     the target the search ran for (`search_target_bytes`, default `target_bytes`)."""
     search_target_bytes = target_bytes if search_target_bytes is None else search_target_bytes
@@ -347,7 +347,7 @@ def _plan(budget_bytes, target_bytes, before, chosen, skipped, candidates, optio
     why = "not needed: the peak fit without it" if peak <= search_target_bytes else "the search stopped without it"
     unused = tuple(SkippedCandidate(c.tensor, c.options[0].decision.size_bytes, why)
                    for c in candidates if c.tensor not in chosen)
-    return SwapPlan(
+    return Plan(
         budget_bytes=budget_bytes,
         target_bytes=target_bytes,
         predicted_peak_before_bytes=before.peak_bytes,

@@ -14,7 +14,7 @@ One compute stream (`one_stream=True`, the default): TensorFlow's executor
 gets one inter-op thread, so it runs one op at a time, as a GPU's single
 compute stream runs kernels one after another, and the simulator follows its
 order (`sim.schedule.executor_order`); `optimize` pins its planned order into
-the steps it rewrites (`swap.pin`). Intra-op threads (inside one kernel) are
+the steps it rewrites (`rewrite.pin`). Intra-op threads (inside one kernel) are
 left as they are. It does not model a GPU's copy engines running beside the
 compute stream: on the emulated device a swap is computed by the same threads.
 `one_stream=False` keeps TensorFlow's inter-op pool, which runs independent ops

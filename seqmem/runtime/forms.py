@@ -13,13 +13,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
-from seqmem.analysis import StepAnalysis, without_barriers
-from seqmem.critical_path import MachineModel
+from seqmem.analyze.analysis import StepAnalysis, without_barriers
+from seqmem.analyze.critical_path import MachineModel
 from seqmem.edge import capture, loops
 from seqmem.plan import Baseline, PlanResult, choose_conservations, refined_pinned_order, simulate_baseline
 from seqmem.runtime.step_analysis import with_blocked_heads
-from seqmem.swap.barriers import gradient_barriers
-from seqmem.swap.plan import BlockedHead, ConservationOptions, SwapPlan
+from seqmem.ir.barriers import gradient_barriers
+from seqmem.decisions.plan import BlockedHead, ConservationOptions, Plan
 from seqmem.units import MIB
 
 __all__ = ["Arena", "FormPlanner", "Forms", "forms_of"]
@@ -83,7 +83,7 @@ class Forms:
         """The least any form's `FormPlanner.persistent_bytes` is."""
         return min(planner.persistent_bytes(arena) for planner in self._planners)
 
-    def analysis_of(self, plan: SwapPlan) -> StepAnalysis:
+    def analysis_of(self, plan: Plan) -> StepAnalysis:
         """The analysis of the form `plan` was made for (the one with its blocked heads)."""
         return next(planner.analysis for planner in self._planners if planner.blocked_heads == plan.blocked_heads)
 
@@ -95,7 +95,7 @@ class FormPlanner:
     measurable: the device can measure the plans, so a plan that only the
     allocator model's fragmentation rules out is planned without that check.
     pinned: the step gets pinned, to its schedule or to its own order, where a pinned plan fits; a pinned
-    step's gradient barriers are split (`seqmem.swap.barriers`), so that each update runs once its own
+    step's gradient barriers are split (`seqmem.ir.barriers`), so that each update runs once its own
     gradient exists.
     loop_parallel_iterations: the loop bound every plan carries (see `optimize`).
     loop_swap_depth: `choose_conservations`' (None: no loop swaps).
@@ -176,7 +176,7 @@ class FormPlanner:
         split = self._split_barriers if order.pinned else ()
         return dataclasses.replace(result, plan=dataclasses.replace(result.plan, split_barriers=split))
 
-    def _refine(self, order: _Order, lowest: Optional[SwapPlan], arena_bytes: Optional[int]) -> Optional[_Order]:
+    def _refine(self, order: _Order, lowest: Optional[Plan], arena_bytes: Optional[int]) -> Optional[_Order]:
         """Once per planner, where copies cannot overlap computation: the pinned `order` refined around the
         peak of its most-conserving plan `lowest` (`plan.refined_pinned_order`), refined again while that
         lowers the most-conserving plan's peak; added to the pinned orders. None where none is lower."""

@@ -10,15 +10,16 @@ step, and plan again for less when its measured peak exceeds the budget.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from seqmem.analysis import StepAnalysis
-from seqmem.critical_path import EMULATED_DEVICE, MachineModel
+from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import InfeasibleBudgetError
@@ -29,8 +30,8 @@ from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
 from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, workers_of
-from seqmem.swap.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions, SwapPlan
-from seqmem.swap.rewrite import SwapBackend
+from seqmem.decisions.plan import DEFAULT_SAFETY_MARGIN, ConservationOptions, Plan
+from seqmem.rewrite.conservations import SwapBackend
 from seqmem.units import MIB
 
 __all__ = ["OptimizedStep", "optimize"]
@@ -60,81 +61,43 @@ def optimize(
     pin_order: bool = True,
     loop_parallel_iterations: Optional[int] = 1,
 ) -> OptimizedStep:
-    """Rewrite a training step so that its peak fits `memory_budget_mb` MiB.
+    """Rewrite a training step so that its peak fits `memory_budget_mb` MiB; the result computes what the
+    original computes (bit for bit, random ops included, for "swap" and "recompute").
 
-    target: a tf.function (traced for `input_signature`, a sequence of
-    TensorSpecs, when it has none of its own; default: the specs of
-    `sample_inputs`), a ConcreteFunction, a TF1
-    tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original
-    for functions (unchanged when the step already fits, has no loop to bound
-    and is not pinned), with `.graph_def` and `.plan`.
-    kinds: how a feature map may be conserved (`seqmem.swap.plan.KINDS`): "swap"
-    to host memory, "recompute" from tensors the device keeps anyway, and, only
-    with `compression` ("float16" or "bfloat16"), "compress" (cast on the device)
-    and "compress+swap"; per tensor the cheapest kind that helps is chosen.
-    And "blocked-head": each vocabulary head (a projection to logits, sparse
-    softmax cross-entropy and their gradient, `seqmem.swap.vocabulary_head`)
-    computed a block of rows at a time, its logits recomputed in backward; the
-    step is planned with and without, and the plan that fits at the lower
-    predicted cost is taken (the plan lists the heads, and says why a
-    cross-entropy was not recognized as one).
-    Compression changes the step's numbers, and "blocked-head" sums the head's
-    weight gradients block by block (equal up to float rounding); the other
-    kinds do not change them.
-    machine: the cost model's constants (default: `critical_path.EMULATED_DEVICE`
-    with the emulated device's backend, where a swap takes the compute's own
-    time, else `MachineModel()`).
-    backend: the nodes a swap is made of (default: host copies where a GPU is
-    visible, else the emulated device's serialized buffers).
-    min_swap_bytes, min_slack_s, max_decisions: leave out tensors smaller than
-    this, or living shorter (seconds, producer to first backward reader), and
-    conserve at most this many (see `ConservationOptions`).
-    host_memory_mb: the most host memory the plan's swaps may hold, MiB
-    (`SwapPlan.host_bytes`, an upper bound; default: three quarters of what the
-    host has available when `optimize` runs, `device.available_host_bytes`;
-    `float("inf")`: no limit). A step whose swaps would need more than the host
-    has fails with InfeasibleBudgetError instead of exhausting the machine.
-    safety_margin: the plan aims at (1 - safety_margin) x the budget, room for
-    the predictor's error. When no plan reaches that but calibration can run,
-    the most-conserving plan is made, if it is predicted to fit the budget, and
-    the measurement decides.
-    calibrate: on a measuring device (emulated or GPU), run the optimized step
-    four times on `sample_inputs` (variables restored afterwards); if its highest
-    peak exceeds the budget, plan again for less, up to 3 times. The measured
-    peak is recorded in the plan. A later call can still run out of memory
-    (an arena fragmented by other work, an executor's varying order): when it
-    did so before any variable update ran, the step plans for 10% less, once,
-    logs one line and runs the call again (see `OptimizedStep`).
-    sample_inputs: the step's arguments to calibrate with, and to count the
-    iterations of its while loops whose trip count depends on data (a decoder
-    run until its sequences end: `seqmem.edge.trip_counts`) (default:
-    synthetic, see `seqmem.runtime.measure.inputs_like`); pass real ones when
-    the step checks its inputs' values or its loops run as long as they say.
-    pin_order: when the step runs on one compute stream (one inter-op thread,
-    as on the emulated device), pin it with control edges (`seqmem.swap.pin`)
-    to its schedule or to its own order, whichever peaks lower, also when it
-    fits as it is, so that it runs in the order the plan was simulated in.
-    No effect elsewhere.
-    loop_parallel_iterations: every while loop of the step (Keras RNNs, tfa
-    decoders, their gradient loops) runs at most this many iterations at once
-    (`seqmem.edge.loops`): at 1 a loop's memory no longer depends on how far
-    ahead the executor runs it. None keeps the loops as traced. With loops
-    bounded, on the emulated device, the plan may also swap what a loop saves
-    for its gradient, element by element (`seqmem.edge.loop_swap`).
-    A step that issues collectives (`tf.distribute`'s all-reduce across workers)
-    is optimized inside `strategy.scope()` on every worker: the workers plan
-    from the same measurements (the highest any of them measured), check that
-    they made the same plan before it runs, and a worker that runs out of memory
-    aborts the others' collectives (`seqmem.runtime.workers`); such a step is
-    not re-planned at call time.
-    Raises ValueError for a budget that is not a positive finite number, a
-    host memory that is not a positive number, a margin outside [0, 1), a loop
-    bound that is not a positive int, or options `ConservationOptions` refuses
-    (an unknown kind or compression dtype), or collectives outside a strategy's
-    scope, TypeError for another target, InfeasibleBudgetError when no swap set
-    fits (with the lowest measured peak when calibration measured one; on every
-    worker, when one ran out of memory in calibration), WorkersDisagreeError
-    when a step's workers planned differently.
+    target: a tf.function (traced for `input_signature`, default the specs of `sample_inputs`), a
+    ConcreteFunction, a TF1 tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original for
+    functions, with `.graph_def` and `.plan`.
+    loss: the loss tensor, where the gradient seed does not name it (`seqmem.analyze.anatomy`).
+    kinds: how a tensor may be conserved (`seqmem.decisions.plan.KINDS`): "swap" to host memory, "recompute",
+    with `compression` ("float16" / "bfloat16") "compress" and "compress+swap", the cheapest that helps per
+    tensor; "blocked-head" also plans the step with each vocabulary head computed a block of rows at a time
+    (`seqmem.rewrite.vocabulary_head`) and takes the cheaper fitting plan. Compression changes the numbers;
+    "blocked-head" sums the head's weight gradients block by block (equal up to float rounding).
+    machine, backend: the cost model's constants and the nodes a swap is made of (defaults: the emulated
+    device's where no GPU is visible, else `MachineModel()` and host copies).
+    min_swap_bytes, min_slack_s, max_decisions: see `ConservationOptions`.
+    host_memory_mb: the most host memory the swaps may hold, MiB (default: three quarters of what the host
+    has available; `float("inf")`: no limit); a plan that needs more raises InfeasibleBudgetError.
+    safety_margin: the plan aims at (1 - safety_margin) x the budget; where no plan reaches that but
+    calibration can run, the most-conserving plan predicted to fit the budget is measured.
+    calibrate: on a measuring device, run the step `_CALIBRATION_CALLS` times on `sample_inputs` (variables
+    restored) and plan again for less, up to `_CALIBRATION_ROUNDS` times, while its peak exceeds the
+    budget; the measured peak is recorded in the plan. A later call that runs out of memory before any
+    variable update re-plans for 10% less once and runs again (`OptimizedStep`).
+    sample_inputs: the arguments to calibrate with and to count data-dependent loop trips (default:
+    synthetic, `seqmem.runtime.measure.inputs_like`).
+    pin_order: on one compute stream, pin the step to the order its plan was simulated in (`seqmem.rewrite.pin`).
+    loop_parallel_iterations: run every while loop at most this many iterations at once (None: as traced);
+    bounded loops on the emulated device may swap what they save for their gradient
+    (`seqmem.edge.loop_swap`).
+    A step issuing collectives (`tf.distribute`) is optimized inside `strategy.scope()` on every worker:
+    the workers plan from the highest of their measurements, check that their plans agree, and abort each
+    other's collectives when one runs out of memory (`seqmem.runtime.workers`); it is not re-planned at call
+    time.
+    Raises ValueError for a budget or host memory that is not a positive number, a margin outside [0, 1), a
+    loop bound that is not a positive int, options `ConservationOptions` refuses or collectives outside a
+    strategy's scope; TypeError for another target; InfeasibleBudgetError when no plan fits (with the lowest
+    measured peak, if any); WorkersDisagreeError when workers planned differently.
     """
     if not 0 <= safety_margin < 1:
         raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
@@ -146,21 +109,23 @@ def optimize(
         loops.check_parallel_iterations(loop_parallel_iterations)
     backend = backend or _default_backend()
     machine = machine or _default_machine(backend)
-    loop_swap_depth = _loop_swap_depth(backend, loop_parallel_iterations)
+    forms = functools.partial(forms_of, budget_bytes=budget_bytes, machine=machine, options=options,
+                              loop_parallel_iterations=loop_parallel_iterations,
+                              loop_swap_depth=_loop_swap_depth(backend, loop_parallel_iterations))
     if isinstance(target, (tf.Graph, graph_pb2.GraphDef)):
-        analysis = analyze_function(target, loss=loss, machine=machine)
-        forms = forms_of(analysis, budget_bytes, machine, options, measurable=False, pinned=False,
-                         loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
-        plan = forms.plan(target_bytes, Arena(None))[0].fitting_plan()
-        return build_step(forms.analysis_of(plan), plan, backend)
-    if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
-        raise TypeError(
-            f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
-        )
-    if input_signature is None and sample_inputs is not None:
-        input_signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, tuple(sample_inputs))
-    function = capture.concrete_function(target, tuple(input_signature or ()))
-    original = target if not isinstance(target, capture.ConcreteFunction) else function
+        planner = forms(analyze_function(target, loss=loss, machine=machine), measurable=False, pinned=False)
+        plan = planner.plan(target_bytes, Arena(None))[0].fitting_plan()
+        return build_step(planner.analysis_of(plan), plan, backend)
+    return _optimized_function(*_traced(target, input_signature, sample_inputs), forms, target_bytes, loss=loss,
+                               machine=machine, backend=backend, calibrate=calibrate, sample_inputs=sample_inputs,
+                               pin_order=pin_order)
+
+
+def _optimized_function(function: capture.ConcreteFunction, original: Any, forms: Callable[..., Forms],
+                        target_bytes: int, *, loss: Union[str, TensorRef, None], machine: MachineModel,
+                        backend: SwapBackend, calibrate: bool, sample_inputs: Any, pin_order: bool) -> OptimizedStep:
+    """`optimize` for a function: analyze it (measuring the device where there is one), plan in the forms
+    `forms` makes of the analysis, build the step and calibrate it."""
     workers = workers_of(function.graph.as_graph_def())
     measuring = device.measuring_device_present()
     calibrating = calibrate and measuring
@@ -168,27 +133,39 @@ def optimize(
                                 count_loops=measuring or sample_inputs is not None, sample_inputs=sample_inputs)
     if workers is not None:
         analysis = _agreed(analysis, workers)
+    planner = forms(analysis, measurable=calibrating, pinned=pin_order and bool(analysis.pinned_order))
     arena_mb = device.emulated_budget_mb()
-    planner = forms_of(analysis, budget_bytes, machine, options, measurable=calibrating,
-                       pinned=pin_order and bool(analysis.pinned_order),
-                       loop_parallel_iterations=loop_parallel_iterations, loop_swap_depth=loop_swap_depth)
     result, arena = planner.plan(target_bytes, Arena(None if arena_mb is None else arena_mb * MIB))
     plan = result.plan
-    if not result.fits and (not calibrating or plan is None or plan.predicted_peak_after_bytes > budget_bytes):
+    # The margin is room for the predictor's error: where no plan leaves all of it, the most-conserving one
+    # leaves the most, and calibration measures whether that is enough.
+    if not result.fits and (not calibrating or plan is None or plan.predicted_peak_after_bytes > planner.budget_bytes):
         raise result.error()
-    # Where no plan fits: the margin is room for the predictor's error. No plan leaves all of it; the
-    # most-conserving one leaves the most, and calibration measures whether that is enough.
+    built = functools.partial(_built, backend=backend, function=function, original=original, workers=workers)
     if calibrating:  # no reference kept here: calibration frees a step it replaces (see _calibrated)
-        step, arena = _calibrated(_built(planner.analysis_of(plan), plan, backend, function, original, workers),
-                                  planner, arena, backend, sample_inputs)
+        step, arena = _calibrated(built(planner.analysis_of(plan), plan), planner, arena, built, sample_inputs)
     else:
-        step = _built(planner.analysis_of(plan), plan, backend, function, original, workers)
+        step = built(planner.analysis_of(plan), plan)
     if workers is None:  # several workers re-planning apart would issue their collectives apart
         step.replan = lambda failed_plan: _plan_for_less(planner, arena, failed_plan, measured=None)[0]
     return step
 
 
-def _built(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend, function: capture.ConcreteFunction,
+def _traced(target: Any, input_signature: Any, sample_inputs: Any) -> tuple[capture.ConcreteFunction, Any]:
+    """The concrete function `optimize` plans for and what the optimized step calls when it needs the
+    original (`target` itself unless it is already a ConcreteFunction). Raises TypeError for a target that
+    is not a function."""
+    if not (isinstance(target, capture.ConcreteFunction) or hasattr(target, "get_concrete_function")):
+        raise TypeError(
+            f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
+        )
+    if input_signature is None and sample_inputs is not None:
+        input_signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, tuple(sample_inputs))
+    function = capture.concrete_function(target, tuple(input_signature or ()))
+    return function, target if not isinstance(target, capture.ConcreteFunction) else function
+
+
+def _built(analysis: StepAnalysis, plan: Plan, backend: SwapBackend, function: capture.ConcreteFunction,
            original: Any, workers: Optional[Workers]) -> OptimizedStep:
     """`build_step`, once every worker of a distributed step has made the same `plan`."""
     if workers is not None:
@@ -234,14 +211,15 @@ def _default_backend() -> SwapBackend:
     return EmulatedDeviceBackend()
 
 
-def _calibrated(step: OptimizedStep, planner: Forms, arena: Arena, backend: SwapBackend,
+def _calibrated(step: OptimizedStep, planner: Forms, arena: Arena, built: Callable[[StepAnalysis, Plan], Any],
                 sample_inputs: Any) -> tuple[OptimizedStep, Arena]:
     """Measure `step` on the device; while its peak exceeds the budget (or it runs out of memory), plan
-    for less by the measured overshoot (`_plan_for_less`), up to `_CALIBRATION_ROUNDS` times. Returns the
+    for less by the measured overshoot (`_plan_for_less`) and make its step with `built`, up to
+    `_CALIBRATION_ROUNDS` times. Returns the
     first step that fits (its measured peak recorded in the plan, instantiated anew so that its random ops
     draw what the original's first call would), or the last one planned; and the arena to plan in from
     then on."""
-    function, workers = step.function, step.workers
+    function = step.function
     measured_peaks = []
     for _ in range(_CALIBRATION_ROUNDS):
         measured = _measured_peak(step, function, sample_inputs, planner.budget_bytes)
@@ -252,18 +230,18 @@ def _calibrated(step: OptimizedStep, planner: Forms, arena: Arena, backend: Swap
         if measured is not None:
             measured_peaks.append(measured)
         plan, arena = _plan_for_less(planner, arena, step.plan, measured, min(measured_peaks, default=None))
-        original, step = step.original, None
+        step = None
         # A step that ran holds device memory (its functions' constants, folded when TensorFlow instantiated
         # them) until its graph's reference cycles are collected.
         # Left to the collector, it shares the arena with the next plan's step, which then measures high or,
         # instantiated in a full arena, crashes (SIGSEGV in ConstantFold's tensor::DeepCopy).
         gc.collect()
-        step = _built(planner.analysis_of(plan), plan, backend, function, original, workers)
+        step = built(planner.analysis_of(plan), plan)
     return step, arena
 
 
-def _plan_for_less(planner: Forms, arena: Arena, plan: SwapPlan, measured: Optional[int],
-                   lowest_measured: Optional[int] = None) -> tuple[SwapPlan, Arena]:
+def _plan_for_less(planner: Forms, arena: Arena, plan: Plan, measured: Optional[int],
+                   lowest_measured: Optional[int] = None) -> tuple[Plan, Arena]:
     """The plan to run after `plan` peaked at `measured` bytes on the device (None: it ran out of memory):
     aimed below what `plan` predicted by the overshoot, at least 5% of its target (10% after an OOM); the
     most-conserving plan when no plan reaches that but that one is lower than `plan`'s prediction. With it,

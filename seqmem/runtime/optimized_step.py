@@ -17,7 +17,7 @@ from typing import Any, Optional
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analyze.analysis import StepAnalysis
 from seqmem.edge import capture
 from seqmem.edge.collectives import local_graph_def
 from seqmem.edge.library import nodes_running, variable_writers
@@ -26,13 +26,13 @@ from seqmem.runtime.step_passes import rewritten_graph_def
 from seqmem.runtime.workers import Workers, failure_line
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
-from seqmem.swap.plan import SwapPlan
-from seqmem.swap.rewrite import SWAP_SCOPE, SwapBackend
+from seqmem.decisions.plan import Plan
+from seqmem.rewrite.conservations import SWAP_SCOPE, SwapBackend
 from seqmem.units import MIB
 
 __all__ = ["OptimizedStep", "build_step"]
 
-# a swap-in's ParseTensor, in the step (`seqmem.swap.rewrite`) or in a loop body (`seqmem.edge.loop_swap`)
+# a swap-in's ParseTensor, in the step (`seqmem.rewrite.conservations`) or in a loop body (`seqmem.edge.loop_swap`)
 _PARSE_FAILED = re.compile(r"Cannot parse tensor from proto:.*\[\[\{\{node ([^}]*(?:"
                            + SWAP_SCOPE + r"/[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
 _FAILED_NODE = re.compile(r"\[\[(?:\{\{node )?([^\]{}]+)(?:\}\})?\]\]")  # [[{{node a}}]], [[a]]: the node, its callers
@@ -43,7 +43,7 @@ _log = logging.getLogger(__name__)
 class OptimizedStep:
     """A training step rewritten to fit a budget; call it like the original.
 
-    graph_def: the rewritten graph. plan: what was swapped and why (see SwapPlan).
+    graph_def: the rewritten graph. plan: what was swapped and why (see Plan).
     analysis: the analysis of the original step the plan was made on.
     function: the original ConcreteFunction, original: what the caller passed
     (a tf.function or `function`; None: run `graph_def` even where the plan
@@ -56,7 +56,7 @@ class OptimizedStep:
     whose collectives a call that runs out of memory aborts; None otherwise.
     """
 
-    def __init__(self, analysis: StepAnalysis, plan: SwapPlan, graph_def: graph_pb2.GraphDef, backend: SwapBackend,
+    def __init__(self, analysis: StepAnalysis, plan: Plan, graph_def: graph_pb2.GraphDef, backend: SwapBackend,
                  function=None, original=None) -> None:
         self.analysis = analysis
         self.plan = plan
@@ -64,7 +64,7 @@ class OptimizedStep:
         self.backend = backend
         self.function = function
         self.original = original
-        self.replan: Optional[Callable[[SwapPlan], SwapPlan]] = None
+        self.replan: Optional[Callable[[Plan], Plan]] = None
         self.workers: Optional[Workers] = None
         self._run = None
         if function is not None:
@@ -131,7 +131,7 @@ class OptimizedStep:
         local = None if self.function is None else local_graph_def(self.graph_def)
         return None if local is None else OptimizedStep(self.analysis, self.plan, local, self.backend, self.function)
 
-    def _adopt(self, plan: SwapPlan) -> None:
+    def _adopt(self, plan: Plan) -> None:
         """Run `plan` from now on: drop this step's function and its device memory, then build the new one."""
         self._run = None
         gc.collect()  # the function's graph has reference cycles; its folded constants live in the arena
@@ -183,7 +183,7 @@ def _failed_nodes(message: str) -> list[str]:
     return [name.removeprefix(f"{IMPORT_SCOPE}/") for name in _FAILED_NODE.findall(message)]
 
 
-def build_step(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
+def build_step(analysis: StepAnalysis, plan: Plan, backend: SwapBackend,
                function: Optional[capture.ConcreteFunction] = None, original: Any = None) -> OptimizedStep:
     """The step that runs the analysed graph rewritten by `plan`: callable like `original` (the user's
     tf.function or `function`) when `function` is given, a GraphDef to run in a Session otherwise; its

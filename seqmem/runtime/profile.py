@@ -13,8 +13,8 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from seqmem.anatomy import StepAnatomy
-from seqmem.critical_path import MachineModel, Timing
+from seqmem.analyze.anatomy import StepAnatomy
+from seqmem.analyze.critical_path import MachineModel, Timing
 from seqmem.edge import capture
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, TensorRef

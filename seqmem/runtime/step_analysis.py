@@ -10,23 +10,23 @@ from typing import Any, Optional, Union
 
 import tensorflow as tf
 
-from seqmem.analysis import StepAnalysis, analyze_graph
-from seqmem.critical_path import MachineModel
+from seqmem.analyze.analysis import StepAnalysis, analyze_graph
+from seqmem.analyze.critical_path import MachineModel
 from seqmem.edge import capture, list_sizes
 from seqmem.gc_pause import gc_paused
 from seqmem.edge.bodies import body_memory, handed_over
 from seqmem.edge.head_nodes import blocked_head
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
-from seqmem.edge.trip_counts import measured_trip_counts
+from seqmem.runtime.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import simulate
-from seqmem.swap.plan import BlockedHead, LoopSwap
-from seqmem.swap.vocabulary_head import find_heads
+from seqmem.decisions.plan import BlockedHead, LoopSwap
+from seqmem.rewrite.vocabulary_head import find_heads
 
 __all__ = ["analyze_function", "inter_op_threads", "predicted_peak_bytes", "with_blocked_heads"]
 
@@ -52,7 +52,7 @@ def analyze_function(
     measure_scratch: probe kernels' scratch memory on the measuring device.
     count_loops: for a ConcreteFunction `function`, run its while loops whose trip count depends on data
     on `sample_inputs` (its arguments; synthetic ones, `measure.inputs_like`, when None) to count their
-    iterations (`seqmem.edge.trip_counts`); without, those loops' lists are unsized.
+    iterations (`seqmem.runtime.trip_counts`); without, those loops' lists are unsized.
     The analysis lists the loop accumulators a plan may swap (`seqmem.edge.loop_swap`).
     """
     trip_counts = _trip_counts(function, sample_inputs) if count_loops else {}
@@ -61,7 +61,7 @@ def analyze_function(
     in_use_before = _in_use_bytes()  # after the capture, whose tracing may create variables (optimizer slots)
     measured = None
     if measure_scratch:
-        from seqmem.edge.scratch_probe import measure_scratch_bytes
+        from seqmem.runtime.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
     swaps, held_by_bodies, iterations = _loops_and_calls(graph)
@@ -121,7 +121,7 @@ def predicted_peak_bytes(function: Any, *, measure_scratch: bool = False) -> int
 
 def with_blocked_heads(analysis: StepAnalysis, budget_bytes: int, machine: MachineModel
                        ) -> tuple[Optional[StepAnalysis], tuple[BlockedHead, ...], tuple[str, ...]]:
-    """The analysis of `analysis`'s step with each vocabulary head it has (`seqmem.swap.vocabulary_head`)
+    """The analysis of `analysis`'s step with each vocabulary head it has (`seqmem.rewrite.vocabulary_head`)
     replaced by its blocked computation, in row blocks whose logits take at most 1/64 of `budget_bytes`
     each; the heads replaced; and one line for each cross-entropy of the step that is not a recognized head,
     saying why. (None, (), lines) where the step has no head. The replaced step's nodes keep their measured

@@ -17,7 +17,7 @@ from typing import Optional
 
 from tensorflow.core.framework import graph_pb2
 
-from seqmem.analysis import StepAnalysis
+from seqmem.analyze.analysis import StepAnalysis
 from seqmem.edge import capture
 from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
@@ -26,8 +26,8 @@ from seqmem.edge.loops import bound_loops
 from seqmem.edge.pinned_bodies import pin_loop_bodies
 from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.edge.variable_shapes import variable_shapes
-from seqmem.swap.plan import SwapPlan
-from seqmem.swap.rewrite import SwapBackend, rewrite
+from seqmem.decisions.plan import Plan
+from seqmem.rewrite.conservations import SwapBackend, rewrite
 
 __all__ = ["STEP_PASSES", "PassesResult", "StepPass", "rewritten_graph_def", "run_passes"]
 
@@ -38,8 +38,8 @@ class StepPass:
     makes; it runs where `applies(plan)`."""
 
     name: str
-    applies: Callable[[SwapPlan], bool]
-    run: Callable[[graph_pb2.GraphDef, SwapPlan, StepAnalysis], graph_pb2.GraphDef]
+    applies: Callable[[Plan], bool]
+    run: Callable[[graph_pb2.GraphDef, Plan, StepAnalysis], graph_pb2.GraphDef]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class PassesResult:
     changed: tuple[str, ...]
 
 
-def _bounded(plan: SwapPlan) -> bool:
+def _bounded(plan: Plan) -> bool:
     return plan.loop_parallel_iterations is not None
 
 
@@ -71,7 +71,7 @@ STEP_PASSES: tuple[StepPass, ...] = (
 )
 
 
-def run_passes(graph_def: graph_pb2.GraphDef, plan: SwapPlan, analysis: StepAnalysis,
+def run_passes(graph_def: graph_pb2.GraphDef, plan: Plan, analysis: StepAnalysis,
                passes: Sequence[StepPass] = STEP_PASSES,
                check: Optional[Callable[[str, graph_pb2.GraphDef], None]] = None) -> PassesResult:
     """`passes` that apply to `plan`, run in order on `graph_def`; `check(name, graph_def)` after each. A pass
@@ -94,7 +94,7 @@ def _serialized(graph_def: graph_pb2.GraphDef) -> bytes:
     return graph_def.SerializeToString(deterministic=True)
 
 
-def rewritten_graph_def(analysis: StepAnalysis, plan: SwapPlan, backend: SwapBackend,
+def rewritten_graph_def(analysis: StepAnalysis, plan: Plan, backend: SwapBackend,
                         check: Optional[Callable[[str, graph_pb2.GraphDef], None]] = None) -> PassesResult:
     """The GraphDef the step rewritten by `plan` runs: the IR rewritten and its variables kept in place,
     exported, then `STEP_PASSES`."""

@@ -32,7 +32,7 @@ from tensorflow.python.eager import context
 
 from seqmem.edge.collectives import collective_ops
 from seqmem.errors import WorkersDisagreeError
-from seqmem.swap.plan import SwapPlan
+from seqmem.decisions.plan import Plan
 
 __all__ = ["ABORT_MARK", "Workers", "failure_line", "plan_digest", "workers_of"]
 
@@ -70,7 +70,7 @@ class Workers:
         rows = self.gathered([-1 if value is None else value for value in values])
         return [None if min(column) < 0 else max(column) for column in zip(*rows)]
 
-    def check_same(self, plan: SwapPlan) -> None:
+    def check_same(self, plan: Plan) -> None:
         """Raise WorkersDisagreeError, on every worker, unless every worker is about to run `plan`."""
         digests = [row[0] for row in self.gathered([plan_digest(plan)])]
         if len(set(digests)) > 1:
@@ -101,7 +101,7 @@ def failure_line(message: str) -> str:
     return line
 
 
-def plan_digest(plan: SwapPlan) -> int:
+def plan_digest(plan: Plan) -> int:
     """A 62-bit digest of what the rewritten step runs: decisions, loop swaps, pinned order, split gradient
     joins and loop bound (not the predictions, which hold each worker's own measurements)."""
     runs = (

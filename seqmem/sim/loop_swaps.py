@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from seqmem.ir.graph import Graph
-from seqmem.swap.plan import LoopSwap
+from seqmem.decisions.plan import LoopSwap
 
 __all__ = ["SERIALIZED_ELEMENT_BYTES", "iterations", "with_loop_swaps"]
 

@@ -6,7 +6,7 @@ a graph in with one inter-op thread (the emulated device's one compute stream).
 `deferred_schedule`: the ASAP schedule with what reads no step input moved to just
 before its first reader (from variables: where only backward reads it; from constants
 alone, such as a dropout's random mask: always). `pinned_order`: the order
-TensorFlow runs the graph in once `seqmem.swap.pin` has chained the deferred
+TensorFlow runs the graph in once `seqmem.rewrite.pin` has chained the deferred
 schedule's nodes with control edges.
 """
 
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from seqmem.critical_path import Timing
+from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
 from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, STEP_ARGUMENT_OPS, TF1_CONTROL_FLOW_OPS
 

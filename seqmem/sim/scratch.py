@@ -1,7 +1,7 @@
 """Scratch memory a kernel allocates while it runs (freed when it returns): a static model.
 
 Used where nothing can be measured (no emulated device or GPU); on a measuring
-device `edge.scratch_probe` measures every large op instead. Only the largest
+device `runtime.scratch_probe` measures every large op instead. Only the largest
 known scratch is modelled:
 - Conv2DBackpropFilter (after Conv2DCustomBackpropFilterOp): an im2col buffer of
   `shard` images x output pixels x filter size, the shard sized so one work
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from seqmem.critical_path import Timing
+from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph, Node
 
 __all__ = ["scratch_bytes_of", "static_scratch_bytes", "with_concurrent_scratch"]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from seqmem.anatomy import analyze_step
+from seqmem.analyze.anatomy import analyze_step
 from seqmem.edge import capture
 from seqmem.ir.graph import TensorRef, view_source
 

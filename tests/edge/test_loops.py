@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from seqmem.edge.loops import bound_loops, loops_above
-from seqmem.swap.plan import SwapPlan
+from seqmem.decisions.plan import Plan
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
@@ -57,7 +57,7 @@ def test_optimize_bounds_the_loops_of_a_step_that_fits_and_says_so():
     assert not step.plan.decisions and step.plan.loop_parallel_iterations == 1
     assert set(_loop_bounds(step.graph_def)) == {1}
     assert "at most 1 iteration(s) at once" in step.plan.summary()
-    assert SwapPlan.from_json(step.plan.to_json()) == step.plan
+    assert Plan.from_json(step.plan.to_json()) == step.plan
     assert optimize(function, 1e5, calibrate=False, loop_parallel_iterations=None).plan.loop_parallel_iterations is None
     with pytest.raises(ValueError, match="parallel_iterations must be a positive int, got 0"):
         optimize(function, 1e5, loop_parallel_iterations=0)

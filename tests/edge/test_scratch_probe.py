@@ -7,7 +7,7 @@ def cnn_scratch():
     """Child process: (op, scratch bytes measured, its inputs' bytes) of each node of the cnn example's step
     (batch 8) that has scratch."""
     from seqmem.edge import capture
-    from seqmem.edge.scratch_probe import measure_scratch_bytes
+    from seqmem.runtime.scratch_probe import measure_scratch_bytes
     from seqmem.examples.steps import build_example
 
     example = build_example("cnn", 8)
@@ -37,7 +37,7 @@ def filter_gradient_scratch():
     import tensorflow as tf
 
     from seqmem.edge import capture
-    from seqmem.edge.scratch_probe import measure_scratch_bytes
+    from seqmem.runtime.scratch_probe import measure_scratch_bytes
     from seqmem.runtime import device
 
     @tf.function
@@ -72,7 +72,7 @@ def test_probe_counts_what_the_kernel_allocates_not_the_free_chunk_it_was_handed
 def test_probe_refuses_to_run_without_a_measuring_device():
     import pytest
 
-    from seqmem.edge.scratch_probe import measure_scratch_bytes
+    from seqmem.runtime.scratch_probe import measure_scratch_bytes
     from seqmem.ir.graph import Graph
 
     with pytest.raises(RuntimeError, match="emulated device"):

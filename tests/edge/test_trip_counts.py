@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from seqmem.edge import capture, list_sizes
-from seqmem.edge.trip_counts import measured_trip_counts
+from seqmem.runtime.trip_counts import measured_trip_counts
 
 BATCH, STEPS, UNITS = 4, 6, 8
 

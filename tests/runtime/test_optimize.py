@@ -174,9 +174,9 @@ def test_tf1_graph_gets_a_rewritten_graph_def_that_computes_the_same():
 def test_a_swap_in_that_cannot_allocate_is_reported_as_out_of_memory():
     # on the emulated device ParseTensor reports a failed allocation as a proto it cannot parse
     from seqmem.runtime.optimized_step import OptimizedStep
-    from seqmem.swap.plan import SwapPlan
+    from seqmem.decisions.plan import Plan
 
-    step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), None, None)
+    step = OptimizedStep(None, Plan(100 << 20, 80 << 20, 150 << 20, 90 << 20), None, None)
 
     def parse_fails(*args):
         raise tf.errors.InvalidArgumentError(None, None, "Cannot parse tensor from proto: dtype: DT_HALF\n"
@@ -261,7 +261,7 @@ def _run_again(graph_def, failed_node: str) -> bool:
     message names it) re-plans to run it again (here re-planning finds nothing lower, and the step raises)."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.optimized_step import OptimizedStep
-    from seqmem.swap.plan import SwapPlan
+    from seqmem.decisions.plan import Plan
 
     replanned = []
 
@@ -272,7 +272,7 @@ def _run_again(graph_def, failed_node: str) -> bool:
         replanned.append(plan)
         raise InfeasibleBudgetError("nothing lower")
 
-    step = OptimizedStep(None, SwapPlan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
+    step = OptimizedStep(None, Plan(100 << 20, 80 << 20, 150 << 20, 90 << 20), graph_def, None)
     step._run, step.replan = run, replan
     with pytest.raises(tf.errors.ResourceExhaustedError, match="predicted a peak of 90.0 MB") as raised:
         step()
@@ -378,9 +378,9 @@ def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_s
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.forms import Arena
     from seqmem.runtime.optimize import _plan_for_less
-    from seqmem.swap.plan import SwapPlan
+    from seqmem.decisions.plan import Plan
 
-    plan = SwapPlan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
+    plan = Plan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
                     predicted_peak_after_bytes=90 << 20)
     unplaced = Arena(None, "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps")
     with pytest.raises(InfeasibleBudgetError, match=r"ran out of memory.*fragmentation.*3 swaps\.$"):

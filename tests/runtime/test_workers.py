@@ -13,12 +13,12 @@ from seqmem.errors import WorkersDisagreeError
 from seqmem.ir.graph import TensorRef
 from seqmem.edge.collectives import collective_ops
 from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, plan_digest, workers_of
-from seqmem.swap.plan import SwapDecision, SwapPlan
+from seqmem.decisions.plan import Decision, Plan
 
 
-def _plan(*tensors: str, predicted: int = 10) -> SwapPlan:
-    decisions = tuple(SwapDecision(TensorRef(name, 0), 1 << 20, ("grad",), "trigger", 1e-3) for name in tensors)
-    return SwapPlan(100, 90, 120, predicted, decisions=decisions, pinned_order=("a", "b"))
+def _plan(*tensors: str, predicted: int = 10) -> Plan:
+    decisions = tuple(Decision(TensorRef(name, 0), 1 << 20, ("grad",), "trigger", 1e-3) for name in tensors)
+    return Plan(100, 90, 120, predicted, decisions=decisions, pinned_order=("a", "b"))
 
 
 def _collective_graph() -> graph_pb2.GraphDef:

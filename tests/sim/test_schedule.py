@@ -1,6 +1,6 @@
 import pytest
 
-from seqmem.critical_path import analyze_timing
+from seqmem.analyze.critical_path import analyze_timing
 from seqmem.sim.schedule import INLINE_BELOW_S, executor_order, pinned_nodes, pinned_order, schedule
 from tests.builders import graph, node
 

@@ -1,6 +1,6 @@
 import pytest
 
-from seqmem.critical_path import Timing
+from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import TensorInfo
 from seqmem.sim.scratch import scratch_bytes_of, static_scratch_bytes, with_concurrent_scratch
 from tests.builders import graph, node

@@ -1,7 +1,7 @@
 import pytest
 
 from seqmem.ir.graph import TensorRef
-from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
+from seqmem.ir.barriers import barrier_source, gradient_barriers, split_barriers
 from tests.builders import graph, node
 
 
@@ -51,12 +51,12 @@ def test_nothing_to_split_returns_the_graph_and_a_wrong_name_is_a_value_error():
 
 
 def test_a_plan_records_its_split_barriers_in_the_summary_and_the_json():
-    from seqmem.swap.plan import SwapPlan
+    from seqmem.decisions.plan import Plan
 
-    plan = SwapPlan(budget_bytes=100, target_bytes=90, predicted_peak_before_bytes=120, predicted_peak_after_bytes=80,
+    plan = Plan(budget_bytes=100, target_bytes=90, predicted_peak_before_bytes=120, predicted_peak_after_bytes=80,
                     split_barriers=("IdentityN",))
     assert "1 gradient barrier(s) split" in plan.summary()
-    assert SwapPlan.from_json(plan.to_json()) == plan
+    assert Plan.from_json(plan.to_json()) == plan
 
 
 def test_an_update_waits_for_the_backward_ops_that_still_read_its_weight():
@@ -92,7 +92,7 @@ def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
     output 0 is the loss (seqmem.projected_mean_cross_entropy's mean)."""
     import tensorflow as tf
 
-    from seqmem.analysis import analyze_graph, without_barriers
+    from seqmem.analyze.analysis import analyze_graph, without_barriers
     from seqmem.edge import capture
     from seqmem.layers.softmax_loss import projected_mean_cross_entropy
 
@@ -120,7 +120,7 @@ def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
 def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():
     import dataclasses
 
-    from seqmem.analysis import analyze_graph, as_planned
+    from seqmem.analyze.analysis import analyze_graph, as_planned
     from seqmem.plan import choose_conservations
     from seqmem.ir.graph import TensorInfo
 

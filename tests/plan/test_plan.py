@@ -4,13 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqmem.analysis import analyze_graph
+from seqmem.analyze.analysis import analyze_graph
 from seqmem.plan import choose_conservations, refined_pinned_order
-from seqmem.critical_path import EMULATED_DEVICE, MachineModel
+from seqmem.analyze.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorInfo, TensorRef
-from seqmem.swap.plan import ConservationOptions, SwapPlan
-from seqmem.swap.rewrite import rewrite
+from seqmem.decisions.plan import ConservationOptions, Plan
+from seqmem.rewrite.conservations import rewrite
 from tests.builders import IdentityBackend, graph, loop_lists_training_graph, loop_training_graph, node
 
 MB = 1 << 20
@@ -32,7 +32,7 @@ def mlp_like(layers=4, size=MB):
     return graph(*nodes)
 
 
-def _fitting(*arguments, **options) -> SwapPlan:
+def _fitting(*arguments, **options) -> Plan:
     """The plan `choose_conservations` finds; InfeasibleBudgetError where none fits."""
     return choose_conservations(*arguments, **options).fitting_plan()
 
@@ -192,13 +192,13 @@ def test_swaps_on_the_emulated_device_keep_their_handles_on_it():
     emulated = _fitting(analysis, budget_bytes=budget, allocator="exact", machine=EMULATED_DEVICE)
     assert {d.handle_bytes for d in on_gpu.decisions} == {0}
     assert {d.handle_bytes for d in emulated.decisions} == {EMULATED_DEVICE.host_handle_bytes} != {0}
-    assert SwapPlan.from_json(emulated.to_json()) == emulated
+    assert Plan.from_json(emulated.to_json()) == emulated
 
 
 def test_plan_json_round_trip():
     g = mlp_like(layers=6)
     plan = _fitting(_analysis(g), budget_bytes=5 * MB, allocator="exact", pinned=True)
-    assert plan.pinned_order and SwapPlan.from_json(plan.to_json()) == plan
+    assert plan.pinned_order and Plan.from_json(plan.to_json()) == plan
     assert "tensors conserved" in plan.summary()
 
 
@@ -274,7 +274,7 @@ def test_a_loop_that_saves_too_much_swaps_its_accumulator_element_by_element():
     assert plan.loop_swapped_bytes == 10 * MB and plan.predicted_overhead_s > 0
     assert TensorRef("fwd", 1) not in {d.tensor for d in plan.decisions}  # never swapped whole as well
     assert "1 loop accumulators of 1 loop(s) swapped element by element (10.0 MB; prefetch depth 1" in plan.summary()
-    assert SwapPlan.from_json(plan.to_json()) == plan
+    assert Plan.from_json(plan.to_json()) == plan
     assert plan.host_bytes == 10 * MB
     with pytest.raises(InfeasibleBudgetError, match="swaps limited to 9.0 MB of host memory"):  # the list goes whole
         _fitting(analysis, budget_bytes=6 * MB, allocator="exact", loop_swap_depth=1,

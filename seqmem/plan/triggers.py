@@ -22,7 +22,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from seqmem.critical_path import Timing
+from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
 
 __all__ = ["TriggerIndex"]

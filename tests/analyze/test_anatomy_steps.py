@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_addons as tfa
 
-from seqmem.anatomy import analyze_step
+from seqmem.analyze.anatomy import analyze_step
 from seqmem.edge import capture
 from seqmem.errors import NoBackwardPassError
 

@@ -1,6 +1,6 @@
 import pytest
 
-from seqmem.critical_path import MachineModel, analyze_timing, contraction_flops, measured_costs, static_costs
+from seqmem.analyze.critical_path import MachineModel, analyze_timing, contraction_flops, measured_costs, static_costs
 from seqmem.ir.graph import TensorInfo
 from tests.builders import graph, node, training_graph
 

@@ -1,6 +1,6 @@
 import pytest
 
-from seqmem.anatomy import analyze_step
+from seqmem.analyze.anatomy import analyze_step
 from seqmem.errors import GraphError, NoBackwardPassError
 from seqmem.ir.graph import TensorInfo, TensorRef
 from tests.builders import graph, node, training_graph

@@ -1,4 +1,4 @@
-"""Backward readers of a forward view get their own view (`seqmem.swap.backward_views`): a Keras `Dense` on a
+"""Backward readers of a forward view get their own view (`seqmem.ir.backward_views`): a Keras `Dense` on a
 [B, T, H] input, whose weight gradient reads the forward `Tensordot` reshape of the previous layer's
 activation, can then have that activation swapped; and the step computes what it computed."""
 
@@ -8,7 +8,7 @@ import tensorflow as tf
 import seqmem
 from seqmem.plan import choose_conservations
 from seqmem.runtime.step_analysis import analyze_function
-from seqmem.swap.backward_views import BACKWARD_VIEW_SCOPE
+from seqmem.ir.backward_views import BACKWARD_VIEW_SCOPE
 
 
 def _step():

@@ -1,4 +1,4 @@
-"""Rewrite a graph to carry out a `SwapPlan`.
+"""Rewrite a graph to carry out a `Plan`.
 
 For every swapped tensor `t` (produced by P, read by forward nodes F and backward
 nodes B):
@@ -17,8 +17,8 @@ the forward nodes that made `t`, each started by the trigger, and B read the
 copy. The nodes themselves come from a backend (`seqmem.edge.swap_nodes`),
 which knows the device; this module only edits the IR.
 
-A plan's `split_barriers` are split first (`seqmem.swap.barriers`). A plan
-with a `pinned_order` is pinned to it (`seqmem.swap.pin`), with each
+A plan's `split_barriers` are split first (`seqmem.ir.barriers`). A plan
+with a `pinned_order` is pinned to it (`seqmem.rewrite.pin`), with each
 swap-out right after its producer and each swap-in right after its trigger.
 """
 
@@ -31,10 +31,10 @@ from typing import Protocol
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
-from seqmem.swap.barriers import split_barriers
-from seqmem.swap.pin import pin
-from seqmem.swap.kinds import Compress, CompressAndSwap, Recompute
-from seqmem.swap.plan import SwapDecision, SwapPlan
+from seqmem.ir.barriers import split_barriers
+from seqmem.rewrite.pin import pin
+from seqmem.decisions.kinds import Compress, CompressAndSwap, Recompute
+from seqmem.decisions.plan import Decision, Plan
 
 __all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
 
@@ -56,7 +56,7 @@ class SwapBackend(Protocol):
 
 
 @without_gc
-def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
+def rewrite(graph: Graph, plan: Plan, backend: SwapBackend) -> Graph:
     """A new graph in which the plan's tensors are conserved and restored, each by its decision's kind.
 
     Raises GraphError (from the new graph's construction) if the plan names
@@ -94,7 +94,7 @@ def rewrite(graph: Graph, plan: SwapPlan, backend: SwapBackend) -> Graph:
     return pin(rewritten, [n for name in plan.pinned_order for n in (name, *placed_after.get(name, ()))])
 
 
-def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBackend,
+def _conserved(graph: Graph, decision: Decision, base: str, backend: SwapBackend,
                pinned_position: dict[str, int]) -> tuple[list[Node], list[Node], str]:
     """The nodes that take a swapped or compressed tensor off the device and those that restore it (the last
     one's output 0 is the copy), and the node the first ones follow."""
@@ -125,7 +125,7 @@ def _conserved(graph: Graph, decision: SwapDecision, base: str, backend: SwapBac
     return out_nodes, in_nodes, out_after
 
 
-def _recomputed(graph: Graph, decision: SwapDecision, base: str) -> list[Node]:
+def _recomputed(graph: Graph, decision: Decision, base: str) -> list[Node]:
     """Copies of the chain the decision's `Recompute` re-runs reading each other's outputs, each started by the trigger."""
     copies: dict[str, str] = {name: f"{base}/recompute/{name.replace('/', '_')}" for name in decision.kind.nodes}
     nodes = []

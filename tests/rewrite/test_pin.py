@@ -1,9 +1,9 @@
 import pytest
 
 from seqmem.ir.graph import TensorRef
-from seqmem.swap.pin import pin
-from seqmem.swap.plan import SwapDecision, SwapPlan
-from seqmem.swap.rewrite import rewrite
+from seqmem.rewrite.pin import pin
+from seqmem.decisions.plan import Decision, Plan
+from seqmem.rewrite.conservations import rewrite
 from tests.builders import IdentityBackend, graph, node, training_graph
 
 
@@ -60,8 +60,8 @@ _ORDER = ("x", "w", "f1", "f2", "loss", "ones", "gradient_tape/g2", "gradient_ta
 
 
 def test_a_pinned_plan_runs_each_swap_out_after_its_producer_and_each_swap_in_after_its_trigger():
-    decision = SwapDecision(TensorRef("f1", 0), 1000, ("gradient_tape/g1",), "gradient_tape/g2", 0.0)
-    plan = SwapPlan(10_000, 10_000, 5000, 4000, decisions=(decision,), pinned_order=_ORDER)
+    decision = Decision(TensorRef("f1", 0), 1000, ("gradient_tape/g1",), "gradient_tape/g2", 0.0)
+    plan = Plan(10_000, 10_000, 5000, 4000, decisions=(decision,), pinned_order=_ORDER)
     rewritten = rewrite(training_graph(), plan, IdentityBackend())
     # chain: f1, out, f2, loss, g2, in, g1, update (x, w and ones are free)
     control = {name: node.control_inputs for name, node in rewritten.nodes.items() if node.control_inputs}
@@ -73,6 +73,6 @@ def test_a_pinned_plan_runs_each_swap_out_after_its_producer_and_each_swap_in_af
 
 
 def test_a_plan_without_swaps_is_still_pinned():
-    plan = SwapPlan(10_000, 10_000, 5000, 5000, pinned_order=_ORDER)
+    plan = Plan(10_000, 10_000, 5000, 5000, pinned_order=_ORDER)
     rewritten = rewrite(training_graph(), plan, IdentityBackend())
     assert rewritten.node("gradient_tape/g2").control_inputs == ("loss",)

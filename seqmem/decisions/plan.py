@@ -1,7 +1,7 @@
 """The swap plan: what `seqmem.optimize` decided, as plain data.
 
-A `SwapPlan` lists every conserved tensor with its size, how it is conserved
-(a kind of `seqmem.swap.kinds`: swapped, compressed, both, or recomputed), the backward nodes
+A `Plan` lists every conserved tensor with its size, how it is conserved
+(a kind of `seqmem.decisions.kinds`: swapped, compressed, both, or recomputed), the backward nodes
 that read it back, and the trigger node after which it is restored; every loop
 accumulator swapped element by element (`LoopSwap`); every vocabulary head computed
 by blocks of rows (`BlockedHead`); the budget; the predicted
@@ -16,11 +16,11 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from seqmem.ir.graph import TensorRef
-from seqmem.swap.kinds import KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
+from seqmem.decisions.kinds import KINDS, LOSSY_KINDS, Kind, Swap, compressed_bytes, kind_named
 from seqmem.units import MIB
 
 __all__ = ["BLOCKED_HEAD", "COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "KINDS", "BlockedHead", "ConservationOptions",
-           "LoopSwap", "SkippedCandidate", "SwapDecision", "SwapPlan"]
+           "LoopSwap", "SkippedCandidate", "Decision", "Plan"]
 
 # The fraction of the budget a plan leaves for the predictor's error (`seqmem.optimize`'s safety_margin):
 # it covers the error of the prediction of a pinned step on one stream (`seqmem accuracy` measures it), and
@@ -28,7 +28,7 @@ __all__ = ["BLOCKED_HEAD", "COMPRESSED_DTYPES", "DEFAULT_SAFETY_MARGIN", "KINDS"
 DEFAULT_SAFETY_MARGIN = 0.05
 
 # The kind that replaces a vocabulary head (projection -> sparse softmax cross-entropy, with its gradient) by a
-# blocked computation (`seqmem.swap.vocabulary_head`); a kind of the step, not of one tensor. Opt-in: the
+# blocked computation (`seqmem.rewrite.vocabulary_head`); a kind of the step, not of one tensor. Opt-in: the
 # kernel's and the bias's gradients are summed block by block, so they equal the original's up to float rounding.
 BLOCKED_HEAD = "blocked-head"
 
@@ -45,7 +45,7 @@ class ConservationOptions:
     the step's numbers. min_bytes: the smallest tensor considered. min_slack_s: the shortest lifetime
     considered, seconds from its producer's completion to its first backward reader's start.
     max_decisions: the most tensors conserved (None: no limit). max_host_bytes: the most host memory the
-    plan's swaps may hold (`SwapPlan.host_bytes`; None: no limit).
+    plan's swaps may hold (`Plan.host_bytes`; None: no limit).
     Raises ValueError naming what was wrong.
     """
 
@@ -92,7 +92,7 @@ class ConservationOptions:
         return BLOCKED_HEAD in self.kinds
 
     def describe(self) -> str:
-        """One line for `SwapPlan.summary`: "options: kinds swap, recompute; tensors of at least 65536 bytes"."""
+        """One line for `Plan.summary`: "options: kinds swap, recompute; tensors of at least 65536 bytes"."""
         limits = [f"kinds {', '.join(self.kinds)}"]
         if self.compression:
             limits.append(f"compression to {self.compression}")
@@ -107,10 +107,10 @@ class ConservationOptions:
 
 
 @dataclass(frozen=True)
-class SwapDecision:
+class Decision:
     """Conserve `tensor` after its forward readers, and restore it before `consumers`.
 
-    kind: how (`seqmem.swap.kinds`: `Swap`, `Recompute`, `Compress`, `CompressAndSwap`).
+    kind: how (`seqmem.decisions.kinds`: `Swap`, `Recompute`, `Compress`, `CompressAndSwap`).
     consumers: the backward nodes that read the restored copy.
     trigger: the node whose completion starts the restoration (a control edge).
     transfer_s: predicted seconds of one device<->host copy of what moves (0 when nothing does).
@@ -163,7 +163,7 @@ class SwapDecision:
                 "handle_bytes": self.handle_bytes}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SwapDecision":
+    def from_dict(cls, data: dict) -> "Decision":
         kind = kind_named(data.get("kind", "swap"), data.get("compressed_dtype"), tuple(data.get("recompute", ())))
         return cls(TensorRef.parse(data["tensor"]), data["size_bytes"], tuple(data["consumers"]), data["trigger"],
                    data["transfer_s"], kind=kind, cost_s=data.get("cost_s", 0.0),
@@ -201,7 +201,7 @@ class LoopSwap:
 
 @dataclass(frozen=True)
 class BlockedHead:
-    """A vocabulary head replaced by its blocked computation (`seqmem.swap.vocabulary_head`): its
+    """A vocabulary head replaced by its blocked computation (`seqmem.rewrite.vocabulary_head`): its
     cross-entropy node, the logits' [rows, vocabulary] from features of `hidden` units, the row blocks,
     the bytes of one [rows, vocabulary] tensor, and the predicted seconds the recomputed projection adds."""
 
@@ -224,7 +224,7 @@ class SkippedCandidate:
 
 
 @dataclass(frozen=True)
-class SwapPlan:
+class Plan:
     """The optimizer's decisions; sizes in bytes, times in seconds.
 
     budget_bytes: the caller's budget; target_bytes: the peak the selector
@@ -234,11 +234,11 @@ class SwapPlan:
     predicted_overhead_s: transfer time the schedule cannot hide behind compute.
     measured_peak_bytes: the optimized step's peak measured on the device, when
     `optimize` calibrated it.
-    pinned_order: the order the rewritten step is pinned to (`seqmem.swap.pin`),
+    pinned_order: the order the rewritten step is pinned to (`seqmem.rewrite.pin`),
     swap nodes aside; empty when it is not pinned.
     split_barriers: the `IdentityN` joins removed before anything else, so that
     each variable's update runs once its own gradient exists
-    (`seqmem.swap.barriers`); the plan's tensors and order are those of the
+    (`seqmem.ir.barriers`); the plan's tensors and order are those of the
     graph without them.
     loop_parallel_iterations: the most iterations any while loop of the step
     runs at once (`seqmem.edge.loops`); None: loops as traced.
@@ -254,7 +254,7 @@ class SwapPlan:
     target_bytes: int
     predicted_peak_before_bytes: int
     predicted_peak_after_bytes: int
-    decisions: tuple[SwapDecision, ...] = ()
+    decisions: tuple[Decision, ...] = ()
     skipped: tuple[SkippedCandidate, ...] = ()
     predicted_overhead_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
@@ -303,9 +303,9 @@ class SwapPlan:
                          f"(predicted {1e3 * head.cost_s:.2f} ms)")
         if self.split_barriers:
             lines.append(f"updates run as their gradients come: {len(self.split_barriers)} gradient barrier(s) split "
-                         f"(see seqmem.swap.barriers)")
+                         f"(see seqmem.ir.barriers)")
         if self.pinned_order:
-            lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.swap.pin)")
+            lines.append(f"pinned to its planned order ({len(self.pinned_order)} nodes; see seqmem.rewrite.pin)")
         if self.loop_parallel_iterations is not None:
             lines.append(f"while loops run at most {self.loop_parallel_iterations} iteration(s) at once "
                          f"(see seqmem.edge.loops)")
@@ -342,9 +342,9 @@ class SwapPlan:
         return json.dumps(data, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "SwapPlan":
+    def from_json(cls, text: str) -> "Plan":
         data = json.loads(text)
-        decisions = tuple(SwapDecision.from_dict(d) for d in data.pop("decisions"))
+        decisions = tuple(Decision.from_dict(d) for d in data.pop("decisions"))
         skipped = tuple(SkippedCandidate(**{**s, "tensor": TensorRef.parse(s["tensor"])}) for s in data.pop("skipped"))
         loop_swaps = tuple(
             LoopSwap(**{**s, "element_shape": None if s["element_shape"] is None else tuple(s["element_shape"])})

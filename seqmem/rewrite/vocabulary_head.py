@@ -35,7 +35,7 @@ from typing import Optional
 
 from seqmem.ir.graph import Graph, Node, TensorRef
 from seqmem.ir.op_tables import SHAPE_OPS
-from seqmem.swap.backward_views import BACKWARD_VIEW_SCOPE, SPLIT_VIEW_OPS
+from seqmem.ir.backward_views import BACKWARD_VIEW_SCOPE, SPLIT_VIEW_OPS
 
 __all__ = ["HeadSearch", "VocabularyHead", "find_heads", "splice"]
 
@@ -247,7 +247,7 @@ def _is_features_gradient(node: Node, d_logits: TensorRef, kernel: TensorRef, tr
 def _is_kernel_gradient(graph: Graph, node: Node, d_logits: TensorRef, features: TensorRef,
                         transpose_kernel: bool) -> bool:
     """(features^T @ d_logits) for a [H, V] kernel, (d_logits^T @ features) for a [V, H] one; the features
-    may be the reader's own copy of their view (`seqmem.swap.backward_views`)."""
+    may be the reader's own copy of their view (`seqmem.ir.backward_views`)."""
     read = (node.inputs[1], node.inputs[0]) if transpose_kernel else node.inputs
     return read[1] == d_logits and _same_value(graph, read[0], features) and _transposes(node) == (True, False)
 
@@ -279,7 +279,7 @@ def _same_value(graph: Graph, ref: TensorRef, other: TensorRef) -> bool:
 
 
 def _own_view(graph: Graph, ref: TensorRef, reader: str) -> bool:
-    """`ref` is a backward reader's own view copy (`seqmem.swap.backward_views`) that only `reader` reads."""
+    """`ref` is a backward reader's own view copy (`seqmem.ir.backward_views`) that only `reader` reads."""
     node = graph.node(ref.node)
     return (node.name.startswith(BACKWARD_VIEW_SCOPE) and node.op in SPLIT_VIEW_OPS
             and graph.successors(node.name) == {reader})

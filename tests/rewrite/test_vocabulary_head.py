@@ -1,4 +1,4 @@
-"""The blocked vocabulary head (`seqmem.swap.vocabulary_head`, kind "blocked-head") on steps written here
+"""The blocked vocabulary head (`seqmem.rewrite.vocabulary_head`, kind "blocked-head") on steps written here
 from Keras layers and TensorFlow ops alone.
 
 Tolerance: the blocked step's weights after one step, and its losses over three, equal the original's to
@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 
 import seqmem
-from seqmem.anatomy import analyze_step
+from seqmem.analyze.anatomy import analyze_step
 from seqmem.edge import capture
-from seqmem.swap.plan import SwapPlan
-from seqmem.swap.vocabulary_head import find_heads
+from seqmem.decisions.plan import Plan
+from seqmem.rewrite.vocabulary_head import find_heads
 
 VOCABULARY, LENGTH, WIDTH, BATCH = 1000, 32, 32, 16
 
@@ -138,7 +138,7 @@ def test_the_blocked_step_trains_as_the_original_without_its_logits(tied):
     largest = max(info.size_bytes or 0 for node in optimized.analysis.graph.nodes.values() for info in node.outputs
                   if VOCABULARY in (info.shape or ()) and info.shape not in ((WIDTH, VOCABULARY), (VOCABULARY, WIDTH)))
     assert largest <= block_rows * VOCABULARY * 4  # no [rows, V] or [B, V, H] tensor left, one block's at most
-    assert SwapPlan.from_json(optimized.plan.to_json()).blocked_heads == optimized.plan.blocked_heads
+    assert Plan.from_json(optimized.plan.to_json()).blocked_heads == optimized.plan.blocked_heads
     assert "vocabulary head" in optimized.plan.summary()
 
     losses = [float(optimized(*batches[0]))]

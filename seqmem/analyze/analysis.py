@@ -12,16 +12,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from seqmem.anatomy import StepAnatomy, analyze_step
-from seqmem.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
+from seqmem.analyze.anatomy import StepAnatomy, analyze_step
+from seqmem.analyze.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, pinned_order, schedule
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
-from seqmem.swap.backward_views import split_backward_views
-from seqmem.swap.barriers import barrier_source, gradient_barriers, split_barriers
-from seqmem.swap.plan import LoopSwap, SwapPlan
+from seqmem.ir.backward_views import split_backward_views
+from seqmem.ir.barriers import barrier_source, gradient_barriers, split_barriers
+from seqmem.decisions.plan import LoopSwap, Plan
 
 __all__ = ["StepAnalysis", "analyze_graph", "as_planned", "without_barriers"]
 
@@ -33,7 +33,7 @@ class StepAnalysis:
 
     order: the order the step runs in as it is. pinned_order: the order it runs
     in on one compute stream once pinned to its deferred ASAP schedule
-    (`sim.schedule.deferred_schedule`, `seqmem.swap.pin`); empty when it cannot be pinned (TF1 control flow) or
+    (`sim.schedule.deferred_schedule`, `seqmem.rewrite.pin`); empty when it cannot be pinned (TF1 control flow) or
     the executor runs more than one op at a time.
     loop_swaps: the loop accumulators a plan may swap element by element
     (found by `seqmem.edge.loop_swap.loop_accumulators`).
@@ -95,7 +95,7 @@ def analyze_graph(
     iterations: Optional[Mapping[str, Iteration]] = None,
 ) -> StepAnalysis:
     """Analyze the training step `graph`, each backward reader of a forward view given a view of its own
-    (`seqmem.swap.backward_views`; `StepAnalysis.graph` is the graph with them).
+    (`seqmem.ir.backward_views`; `StepAnalysis.graph` is the graph with them).
 
     op_time_s: measured seconds per node (static costs from shapes otherwise).
     measured_scratch_bytes: kernels' scratch bytes measured on a device, by node
@@ -133,7 +133,7 @@ def analyze_graph(
 
 
 def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
-    """The analysis of `analysis`'s step with its gradient barriers split (`seqmem.swap.barriers`): each
+    """The analysis of `analysis`'s step with its gradient barriers split (`seqmem.ir.barriers`): each
     update may run once its own gradient exists. Same op costs and scratch bytes, one compute stream.
     None when the step has no barrier or cannot be pinned (the split is made for a pinned order)."""
     barriers = gradient_barriers(analysis.graph)
@@ -148,7 +148,7 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                                default_device=analysis.default_device)
 
 
-def as_planned(analysis: StepAnalysis, plan: SwapPlan) -> StepAnalysis:
+def as_planned(analysis: StepAnalysis, plan: Plan) -> StepAnalysis:
     """The analysis of `analysis`'s step as `plan` rewrites it, before its swaps: its gradient barriers split
     where the plan splits them, in the plan's pinned order where it has one."""
     planned = without_barriers(analysis) if plan.split_barriers else analysis

@@ -1,5 +1,5 @@
-from seqmem.critical_path import analyze_timing
-from seqmem.swap.triggers import TriggerIndex
+from seqmem.analyze.critical_path import analyze_timing
+from seqmem.plan.triggers import TriggerIndex
 from tests.builders import graph, node
 
 
