@@ -100,8 +100,8 @@ def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int =
 
 
 def _both(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Two workers' results as one: worker 0's, with the higher peak and, where they differ, digests that
-    say so (a variable digest or plan digest of "workers differ"); the first worker's error, if any."""
+    """Two workers' results as one: worker 0's, with the higher peak (of each call too) and, where they
+    differ, digests that say so (a variable digest or plan digest of "workers differ"); the first worker's error, if any."""
     failed = [(index, result) for index, result in enumerate(results) if "error" in result or "infeasible" in result]
     if failed:
         index, result = failed[0]
@@ -109,6 +109,8 @@ def _both(results: list[dict[str, Any]]) -> dict[str, Any]:
             return result
         return {"verdict": result["error"], "message": f"worker {index}: {result.get('message', '')}"}
     merged = dict(results[0], peak_bytes=max(result["peak_bytes"] for result in results))
+    if all("peaks" in result for result in results):
+        merged["peaks"] = [max(call) for call in zip(*(result["peaks"] for result in results))]
     for key in ("digest", "plan_digest", "losses"):
         if len({str(result.get(key)) for result in results}) > 1:
             merged[key] = "workers differ"

@@ -35,6 +35,13 @@ def test_the_table_shows_a_failed_run_and_a_floor():
             "1.0 held; largest held h:0, 1.0 MB (an input of If 'update', a function call)") in zoo._markdown_row(row, 2)
 
 
+def test_the_table_shows_the_range_of_the_originals_calls_beside_the_prediction():
+    original = {"peak_bytes": 12 << 20, "peaks": [11 << 20, 12 << 20, 10 << 20], "predicted_peak_bytes": 9 << 20,
+                "loss": "Mean:0", "loss_correct": True, "losses": [1.0], "digest": "d", "step_s": 1.0}
+    row = {"model": "m", "family": "f", "batch": 4, "budget_mb": 8, "original": original, "optimized": []}
+    assert "| Mean:0 (yes) | 10.0-12.0 (9.0) | 8 |" in zoo._markdown_row(row, 1)
+
+
 def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():
     original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
                 "losses": [1.0], "digest": "d", "step_s": 1.0}
@@ -70,6 +77,7 @@ def test_two_workers_show_as_one_row_with_the_higher_peak_and_any_difference():
     same = {"losses": [1.0], "digest": "d", "plan_digest": "p", "peak_bytes": 5, "predicted_peak_bytes": 4}
     merged = _both([same, dict(same, peak_bytes=7)])
     assert merged["peak_bytes"] == 7 and merged["digest"] == "d"
+    assert _both([dict(same, peaks=[5, 3]), dict(same, peaks=[4, 6])])["peaks"] == [5, 6]
     assert _both([same, dict(same, plan_digest="q")])["plan_digest"] == "workers differ"
     failed = _both([same, {"error": "UnavailableError", "message": "aborted"}])
     assert failed == {"verdict": "UnavailableError", "message": "worker 1: aborted"}
