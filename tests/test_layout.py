@@ -3,6 +3,7 @@ no module or function grows past what one reader takes in at once."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -88,3 +89,14 @@ def test_modules_and_functions_stay_short(module, path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{module}: " + ", ".join(long)
+
+
+def test_the_readme_module_map_names_every_package_and_only_real_paths():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    table = readme[readme.index("| stage"):]
+    table = table[:table.index("\n\n")]
+    named = set(re.findall(r"`(seqmem/[\w/.]+|models/)`", table))
+    packages = {f"seqmem/{path.name}/" for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
+    assert packages <= named, f"packages missing from the README's module map: {sorted(packages - named)}"
+    missing = [path for path in named if not (PACKAGE.parent / path).exists()]
+    assert not missing, f"the README's module map names paths that do not exist: {missing}"
