@@ -16,8 +16,11 @@ seed differentiate (their scope names it: `gradient_tape/<op>/...`,
 tensors computed from the step's data that the backward pass reads must be the
 loss or made by its ancestors (not all: a loop's gradient also reads zeros made
 for the loop's unused outputs, an embedding's update the ids). Without such a
-hint, the float scalar outside the backward pass that covers the most of those
-tensors, then the one with the fewest ancestors. When the step differentiates
+hint (a root-scope loss's gradient sits at `gradient_tape/` itself), the float
+scalar outside the backward pass that covers the most of those tensors, then the
+one with the fewest ancestors, and at least half of those any scored scalar
+covers (what none is computed from, such as a sparse optimizer's unique ids,
+tells none apart). When the step differentiates
 several scalars, `analyze_step` raises and asks for `loss=`; when the scalars
 tie or none covers half, it plans for the one computed from the most of the step
 and logs a warning that names it and asks for `loss=` if it is another.
@@ -192,6 +195,9 @@ def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) 
     # (a large step holds thousands of others: normalization constants, the optimizer's own scalars).
     ancestors = {ref: len(graph.ancestors([ref.node])) for ref in candidates}
     candidates = sorted(candidates, key=ancestors.__getitem__, reverse=True)[:_SCORED_SCALARS]
+    # What no scored scalar is computed from tells none of them apart (an optimizer's own work on the data,
+    # such as the unique indices of a sparse update): the loss must cover half of the rest.
+    read = frozenset().union(*(_covering(graph, ref, read) for ref in candidates))
     # the most of `read` covered, then the fewest ancestors: the loss, not what is computed from it
     score = {ref: (_covered(graph, ref, read), -ancestors[ref]) for ref in candidates}
     ranked = sorted(candidates, key=score.__getitem__, reverse=True)
@@ -227,8 +233,13 @@ def _activations_read(graph: Graph, backward: frozenset[str]) -> frozenset[Tenso
 
 def _covered(graph: Graph, ref: TensorRef, read: frozenset[TensorRef]) -> int:
     """How many tensors of `read` are `ref` or made by one of its ancestors."""
+    return len(_covering(graph, ref, read))
+
+
+def _covering(graph: Graph, ref: TensorRef, read: frozenset[TensorRef]) -> frozenset[TensorRef]:
+    """The tensors of `read` that are `ref` or made by one of its ancestors."""
     ancestors = graph.ancestors([ref.node])
-    return sum(1 for tensor in read if tensor == ref or tensor.node in ancestors)
+    return frozenset(tensor for tensor in read if tensor == ref or tensor.node in ancestors)
 
 
 def _outputs(graph: Graph, name: str) -> list[TensorRef]:

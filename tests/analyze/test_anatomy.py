@@ -40,3 +40,28 @@ def test_no_backward_pass_says_so_and_mentions_loss():
     g = graph(node("x", "Placeholder"), node("y", "Op", ["x"]))
     with pytest.raises(NoBackwardPassError, match="loss="):
         analyze_step(g)
+
+
+def test_what_only_the_update_computes_from_the_data_does_not_hide_the_loss(caplog):
+    """A sparse optimizer reads the unique indices of each embedding lookup, computed from the data but by no
+    forward scalar; the seed's reader names no op (TensorFlow's tape puts a root-scope loss's gradient at
+    `gradient_tape/`), so the loss is the scalar covering what the backward pass reads of the forward one."""
+    scalar = TensorInfo("float32", (), 4)
+    ids = [node(f"Adagrad/Unique_{i}", "Unique", ["ids"], outputs=(TensorInfo("int32", (4,), 16),)) for i in range(4)]
+    g = graph(
+        node("x", "Placeholder", outputs=(16,)),
+        node("ids", "Placeholder", outputs=(TensorInfo("int32", (4,), 16),)),
+        node("h1", "Op", ["x", "ids"], outputs=(16,)),
+        node("h2", "Op", ["h1"], outputs=(16,)),
+        node("Mean_1", "Mean", ["h2"], outputs=(scalar,)),
+        node("ones", "Const", outputs=(scalar,)),
+        node("gradient_tape/Reshape", "Reshape", ["ones"], outputs=(16,)),
+        node("gradient_tape/g2", "Op", ["gradient_tape/Reshape", "h2"], outputs=(16,)),
+        node("gradient_tape/g1", "Op", ["gradient_tape/g2", "h1"], outputs=(16,)),
+        *ids,
+        *[node(f"Adagrad/update_{i}", "SparseApply", ["gradient_tape/g1", f"Adagrad/Unique_{i}"], outputs=())
+          for i in range(4)],
+    )
+    with caplog.at_level("WARNING"):
+        assert analyze_step(g).loss == TensorRef("Mean_1")
+    assert "could not be told apart" not in caplog.text
