@@ -85,7 +85,7 @@ def optimize(
     budget; the measured peak is recorded in the plan. A later call that runs out of memory before any
     variable update re-plans for 10% less once and runs again (`OptimizedStep`).
     sample_inputs: the arguments to calibrate with and to count data-dependent loop trips (default:
-    synthetic, `seqmem.runtime.measure.inputs_like`).
+    synthetic, `seqmem.runtime.measure.inputs_like`): real ones where the step checks its inputs' values.
     pin_order: on one compute stream, pin the step to the order its plan was simulated in (`seqmem.rewrite.pin`).
     loop_parallel_iterations: run every while loop at most this many iterations at once (None: as traced);
     bounded loops on the emulated device may swap what they save for their gradient
