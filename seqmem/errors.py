@@ -46,17 +46,22 @@ class InfeasibleBudgetError(SeqmemError, ValueError):
     smallest_peak_bytes: the lowest peak any plan reaches, predicted by the
     simulator; measured_peak_bytes: the lowest peak measured on the device,
     when calibration measured one (None otherwise); floor: what that lowest
-    predicted peak is made of (`seqmem.plan.floor.Floor`; None where not known).
+    predicted peak is made of (`seqmem.plan.floor.Floor`; None where not known);
+    unplaced: where the plans' bytes fit but the allocator model placed no
+    plan's buffers in the arena and the device then ran out of memory, what the
+    model said (None otherwise): the floor is then not what stood in the way.
     The planner itself returns values (`seqmem.plan.PlanResult`); this is raised
     at `optimize`'s boundary.
     """
 
     def __init__(self, message: str, smallest_peak_bytes: Optional[int] = None,
-                 measured_peak_bytes: Optional[int] = None, floor: Optional["Floor"] = None) -> None:
+                 measured_peak_bytes: Optional[int] = None, floor: Optional["Floor"] = None,
+                 unplaced: Optional[str] = None) -> None:
         super().__init__(message)
         self.smallest_peak_bytes = smallest_peak_bytes
         self.measured_peak_bytes = measured_peak_bytes
         self.floor = floor
+        self.unplaced = unplaced
 
 
 class ArenaFragmentationError(InfeasibleBudgetError):

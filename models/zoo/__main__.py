@@ -128,9 +128,11 @@ def _markdown_row(row: dict, runs: int) -> str:
 
 def _failure(run: dict) -> str:
     """A failed run in a few words: the InfeasibleBudgetError's floor (the lowest predicted peak, the op at
-    it, and what it is made of) or, without one, its first clause; or the verdict and the last line of its
-    message."""
+    it, and what it is made of; after "not placed" where the plans' buffers, not their bytes, did not fit)
+    or, without one, its first clause; or the verdict and the last line of its message."""
     floor = run.get("floor")
+    if floor and run.get("unplaced"):
+        return "not placed (ran out of memory as the allocator model foresaw); " + _failure(dict(run, unplaced=None))
     if floor:
         held = floor["largest_held"][0] if floor["largest_held"] else None
         largest = "" if held is None else (f"; largest held {held['tensor']}, {held['size_bytes'] / MIB:.1f} MB "

@@ -57,7 +57,7 @@ def optimized_step(built, budget_mb: float):
     the plan's predicted peak and digest (`seqmem.runtime.workers.plan_digest`), the loss found, decisions,
     loop swaps and the seconds `optimize` took. A budget no plan fits gives (None, {"infeasible": the
     error's message, "smallest_peak_bytes": ..., "floor": what that peak is made of (`_floor_fields`),
-    "optimize_s": ...})."""
+    "unplaced": what the allocator model said where it placed no plan's buffers, "optimize_s": ...})."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime.optimize import optimize
     from seqmem.runtime.workers import plan_digest
@@ -67,7 +67,8 @@ def optimized_step(built, budget_mb: float):
         step = optimize(built.step, budget_mb, sample_inputs=built.inputs)
     except InfeasibleBudgetError as error:
         return None, {"infeasible": str(error)[:600], "smallest_peak_bytes": error.smallest_peak_bytes,
-                      "floor": _floor_fields(error.floor), "optimize_s": time.perf_counter() - started}
+                      "floor": _floor_fields(error.floor), "unplaced": error.unplaced,
+                      "optimize_s": time.perf_counter() - started}
     optimize_s, plan = time.perf_counter() - started, step.plan
     return dataclasses.replace(built, step=step), {
         "predicted_peak_bytes": plan.predicted_peak_after_bytes, **loss_found(step.analysis),

@@ -265,13 +265,14 @@ def _plan_for_less(planner: Forms, arena: Arena, plan: Plan, measured: Optional[
         return result.plan, arena
     lowest = result.plan
     if lowest is None or lowest.predicted_peak_after_bytes >= plan.predicted_peak_after_bytes:
-        unplaced = "" if arena.unplaced is None or measured is not None else (
-            f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: "
-            f"{arena.unplaced}.")
+        unplaced = None if measured is not None else arena.unplaced
+        foreseen = "" if unplaced is None else (
+            f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: {unplaced}.")
         raise InfeasibleBudgetError(
             f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
-            f"planning for less does not fit: {result.reason}{unplaced}",
+            f"planning for less does not fit: {result.reason}{foreseen}",
             smallest_peak_bytes=result.smallest_peak_bytes, measured_peak_bytes=lowest_measured, floor=result.floor,
+            unplaced=unplaced,
         )
     return lowest, arena  # the most-conserving plan: its measurement decides
 

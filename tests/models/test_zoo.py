@@ -29,6 +29,10 @@ def test_the_table_shows_a_failed_run_and_a_floor():
     row["optimized"][0]["floor"] = floor
     assert ("floor 8.0 MB at MatMul 'g': 3.0 live through the step + 4.0 the op's working set + 1.0 held; "
             "largest held h:0, 1.0 MB (computed in backward)") in zoo._markdown_row(row, 2)
+    row["optimized"][0]["unplaced"] = "the allocator model cannot place the step's buffers in the 7.0 MB arena"
+    assert "not placed (ran out of memory as the allocator model foresaw); floor 8.0 MB at MatMul 'g'" in (
+        zoo._markdown_row(row, 2))
+    row["optimized"][0]["unplaced"] = None
     floor.update(until="update", until_type="If", largest_held=[
         {"tensor": "h:0", "size_bytes": 1 << 20, "why": "an input of If 'update', a function call: it takes ..."}])
     assert ("floor 8.0 MB at MatMul 'g' until If 'update': 3.0 live through the step + 4.0 the op's working set + "
