@@ -247,7 +247,7 @@ def options_of_one_candidate(draw):
     for kind in draw(st.permutations(KINDS))[:count]:
         size = 4 * MB
         decision = Decision(TensorRef("t"), size, ("b",), "trigger", 0.0, kind=kind_named(kind, "float16"),
-                                cost_s=draw(st.floats(0, 1e-2)))
+                            cost_s=draw(st.floats(0, 1e-2)))
         options.append(Option(decision, in_pos=draw(st.integers(1, 20)), restore_bytes=0))
     return options, draw(st.integers(0, 19)), draw(st.integers(0, 5 * MB))
 

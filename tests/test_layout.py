@@ -38,6 +38,9 @@ def _modules():
         yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
 
 
+KNOWN = frozenset(name for name, _ in _modules())
+
+
 def _stage(module):
     """Index in STAGES of `module`'s stage: its longest matching prefix."""
     matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(STAGES) for prefix in prefixes
@@ -49,7 +52,6 @@ def _stage(module):
 def _imported(tree):
     """The seqmem modules a module's import statements name (`from a import b` names `a.b` when that is a
     module of the package, else `a`), but for imports made for type annotations only (`if TYPE_CHECKING:`)."""
-    known = {name for name, _ in _modules()}
     annotations_only = {id(inner) for node in ast.walk(tree)
                         if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
                         for inner in ast.walk(node)}
@@ -60,7 +62,7 @@ def _imported(tree):
             yield from (alias.name for alias in node.names if alias.name.startswith("seqmem"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seqmem"):
             for alias in node.names:
-                yield f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module
+                yield f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in KNOWN else node.module
 
 
 def test_every_stage_imports_only_itself_and_the_stages_below():

@@ -89,7 +89,8 @@ def _error(result: dict) -> float | None:
 
 def markdown(rows: list[dict], runs: int) -> str:
     """The zoo's table: one row per model, then the sums each original adds as their terms arrive."""
-    lines = ["| model | family | batch | loss found | original MB: measured, its calls' lowest-highest (predicted) | budget MB | "
+    lines = ["| model | family | batch | loss found | original MB: measured, its calls' lowest-highest (predicted) | "
+             "budget MB | "
              f"optimized MB: measured (predicted), of {runs} | within budget | bit for bit | decisions | "
              "optimize s | step time vs original |",
              "|---|---|---:|---|---|---:|---|---|---|---:|---:|---:|"]
@@ -121,7 +122,8 @@ def _markdown_row(row: dict, runs: int) -> str:
     optimize_s = "/".join(f"{run['optimize_s']:.0f}" for run in row["optimized"] if "optimize_s" in run) or "-"
     speed = "/".join(f"{original['step_s'] / run['step_s']:.2f}x" for run in trained) or "-"
     calls = original.get("peaks") or [original["peak_bytes"]]
-    return (f"{head} {loss} | {min(calls) / MIB:.1f}-{max(calls) / MIB:.1f} ({original['predicted_peak_bytes'] / MIB:.1f}) | "
+    predicted = original["predicted_peak_bytes"] / MIB
+    return (f"{head} {loss} | {min(calls) / MIB:.1f}-{max(calls) / MIB:.1f} ({predicted:.1f}) | "
             f"{row['budget_mb']} | {measured} | {shown['within_budget']}/{runs} | {shown['bit_for_bit']}/{runs} | "
             f"{decisions} | {optimize_s} | {speed} |")
 
@@ -131,19 +133,18 @@ def _failure(run: dict) -> str:
     it, and what it is made of; after "not placed" where the plans' buffers, not their bytes, did not fit)
     or, without one, its first clause; or the verdict and the last line of its message."""
     floor = run.get("floor")
-    if floor and run.get("unplaced"):
-        return "not placed (ran out of memory as the allocator model foresaw); " + _failure(dict(run, unplaced=None))
+    unplaced = "not placed (ran out of memory as the allocator model foresaw); " if run.get("unplaced") else ""
     if floor:
         held = floor["largest_held"][0] if floor["largest_held"] else None
         largest = "" if held is None else (f"; largest held {held['tensor']}, {held['size_bytes'] / MIB:.1f} MB "
                                            f"({held['why'].split(':')[0]})")
         until = floor.get("until", floor["op"])
         lasting = "" if until == floor["op"] else f" until {floor['until_type']} {until!r}"
-        return (f"floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}{lasting}: "
+        return (f"{unplaced}floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}{lasting}: "
                 f"{floor['persistent_bytes'] / MIB:.1f} live through the step + {floor['working_bytes'] / MIB:.1f} "
                 f"the op's working set + {floor['held_bytes'] / MIB:.1f} held{largest}")
     if "infeasible" in run:
-        return "infeasible: " + run["infeasible"].split("; budget was")[0][:200]
+        return unplaced + "infeasible: " + run["infeasible"].split("; budget was")[0][:200]
     lines = run["message"].strip().splitlines()
     return f"{run['verdict']}: {lines[-1][:160] if lines else ''}"
 

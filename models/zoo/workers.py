@@ -101,7 +101,8 @@ def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int =
 
 def _both(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Two workers' results as one: worker 0's, with the higher peak (of each call too) and, where they
-    differ, digests that say so (a variable digest or plan digest of "workers differ"); the first worker's error, if any."""
+    differ, digests that say so (a variable digest or plan digest of "workers differ"); the first worker's
+    error, if any."""
     failed = [(index, result) for index, result in enumerate(results) if "error" in result or "infeasible" in result]
     if failed:
         index, result = failed[0]

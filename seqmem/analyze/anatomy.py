@@ -197,9 +197,10 @@ def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) 
     candidates = sorted(candidates, key=ancestors.__getitem__, reverse=True)[:_SCORED_SCALARS]
     # What no scored scalar is computed from tells none of them apart (an optimizer's own work on the data,
     # such as the unique indices of a sparse update): the loss must cover half of the rest.
-    read = frozenset().union(*(_covering(graph, ref, read) for ref in candidates))
+    covering = {ref: _covering(graph, ref, read) for ref in candidates}
+    read = frozenset().union(*covering.values())
     # the most of `read` covered, then the fewest ancestors: the loss, not what is computed from it
-    score = {ref: (_covered(graph, ref, read), -ancestors[ref]) for ref in candidates}
+    score = {ref: (len(covering[ref]), -ancestors[ref]) for ref in candidates}
     ranked = sorted(candidates, key=score.__getitem__, reverse=True)
     if 2 * score[ranked[0]][0] >= len(read) > 0 and (len(ranked) == 1 or score[ranked[0]] != score[ranked[1]]):
         return ranked[0]

@@ -222,7 +222,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             copy_s = 2 * transfer_s  # out and in, on the compute's own time
         cost_s = copy_s + (2 * cast_s if lossy else 0.0)
     decision = Decision(ref, size, consumers, trigger, transfer_s, kind=conserved, cost_s=cost_s,
-                            handle_bytes=machine.host_handle_bytes if conserved.to_host else 0)
+                        handle_bytes=machine.host_handle_bytes if conserved.to_host else 0)
     return Option(decision, position[trigger] + 1, restore_bytes(graph, decision), reads)
 
 

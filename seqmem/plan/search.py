@@ -128,7 +128,7 @@ def choose_conservations(
     if baseline.fits(target_bytes):
         fits = "fits once pinned to its schedule: no swaps" if pinned else "already fits the budget: no swaps"
         plan = Plan(budget_bytes, target_bytes, before.peak_bytes, before.peak_bytes,
-                        notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
+                    notes=(f"the step {fits}",), pinned_order=pinned_order, options=options)
         return PlanResult(plan, True, plan.predicted_peak_after_bytes)
 
     search = _Search(analysis, baseline, budget_bytes, pinned_order, machine, options, allocator, arena_bytes,
@@ -211,8 +211,8 @@ class _Search:
         start = baseline.trace
         if baseline.fits(target_bytes):
             plan = Plan(budget_bytes, target_bytes, before.peak_bytes, start.peak_bytes,
-                            pinned_order=pinned_order, options=options, **loop_fields,
-                            notes=("the step fits with its loops' accumulators swapped: no other swaps",))
+                        pinned_order=pinned_order, options=options, **loop_fields,
+                        notes=("the step fits with its loops' accumulators swapped: no other swaps",))
             return _SearchResult(plan, True, True, plan, True, start, analysis, host.refused)
 
         device = start.busiest()

@@ -54,7 +54,7 @@ def test_a_plan_records_its_split_barriers_in_the_summary_and_the_json():
     from seqmem.decisions.plan import Plan
 
     plan = Plan(budget_bytes=100, target_bytes=90, predicted_peak_before_bytes=120, predicted_peak_after_bytes=80,
-                    split_barriers=("IdentityN",))
+                split_barriers=("IdentityN",))
     assert "1 gradient barrier(s) split" in plan.summary()
     assert Plan.from_json(plan.to_json()) == plan
 

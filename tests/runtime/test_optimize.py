@@ -381,7 +381,7 @@ def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_s
     from seqmem.decisions.plan import Plan
 
     plan = Plan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
-                    predicted_peak_after_bytes=90 << 20)
+                predicted_peak_after_bytes=90 << 20)
     unplaced = Arena(None, "the allocator model cannot place the step's buffers in the 100.0 MB arena even with 3 swaps")
     with pytest.raises(InfeasibleBudgetError, match=r"ran out of memory.*fragmentation.*3 swaps\.$") as raised:
         _plan_for_less(_PlannerWithoutRoom(), unplaced, plan, None)
