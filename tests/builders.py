@@ -1,5 +1,7 @@
 """Tiny hand-built graphs for unit tests (no TensorFlow)."""
 
+import dataclasses
+
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 
 
@@ -54,6 +56,9 @@ class IdentityBackend:
 
     def cast(self, name, tensor, source, target, control_inputs, device):
         return Node(name, "Cast", (tensor,), control_inputs=tuple(control_inputs), outputs=(target,), device=device)
+
+    def in_branch(self, node):
+        return dataclasses.replace(node, attrs={**node.attrs, "in_branch": True})
 
 
 def loop_training_graph(iterations=10, element_bytes=1 << 20):

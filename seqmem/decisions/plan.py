@@ -118,6 +118,8 @@ class Decision:
     casts, the recomputation.
     handle_bytes: device bytes the host copy keeps on the device until it is restored
     (`MachineModel.host_handle_bytes`; 0 for kinds that move nothing to the host).
+    in_branch: the consumers are conditionals, which take the host copy as their input and restore it in
+    their branches just before a branch reads it, one such copy at a time (`seqmem.edge.branch_restores`).
     """
 
     tensor: TensorRef
@@ -128,6 +130,7 @@ class Decision:
     kind: Kind = Swap()
     cost_s: float = 0.0
     handle_bytes: int = 0
+    in_branch: bool = False
 
     @property
     def compressed_bytes(self) -> int:
@@ -160,14 +163,14 @@ class Decision:
         return {"tensor": str(self.tensor), "size_bytes": self.size_bytes, "consumers": list(self.consumers),
                 "trigger": self.trigger, "transfer_s": self.transfer_s, "kind": kind.name, "cost_s": self.cost_s,
                 "compressed_dtype": getattr(kind, "dtype", None), "recompute": list(getattr(kind, "nodes", ())),
-                "handle_bytes": self.handle_bytes}
+                "handle_bytes": self.handle_bytes, "in_branch": self.in_branch}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Decision":
         kind = kind_named(data.get("kind", "swap"), data.get("compressed_dtype"), tuple(data.get("recompute", ())))
         return cls(TensorRef.parse(data["tensor"]), data["size_bytes"], tuple(data["consumers"]), data["trigger"],
                    data["transfer_s"], kind=kind, cost_s=data.get("cost_s", 0.0),
-                   handle_bytes=data.get("handle_bytes", 0))
+                   handle_bytes=data.get("handle_bytes", 0), in_branch=data.get("in_branch", False))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ gradients, for instance). A called function holds its intermediates while it
 runs: a Keras LSTM's backward function, its transposed gradients and the zeroed
 lists it makes beside the lists it consumes. Per loop and per call,
 `body_bytes` simulates the body once with exact tensor sizes and returns its
-peak beyond what the node is charged anyway, charged to the node as scratch:
+peak beyond what the node is charged anyway, charged to the node as scratch
+(a conditional: its branch that holds most, each simulated as a call):
 
     loop: peak live bytes of one iteration's own tensors
     call: peak live bytes of the body's own tensors and of the arguments it frees
@@ -62,11 +63,12 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from seqmem.analyze.critical_path import static_costs
 from seqmem.edge import capture
-from seqmem.edge.library import FunctionBodies
+from seqmem.edge.library import FunctionBodies, branches
 from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.edge.variable_shapes import with_variable_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, FUNCTION_CALL_OPS, LIST_READ_OPS, LIST_WRITE_OPS
+from seqmem.ir.op_tables import (FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS, FUNCTION_CALL_OPS, LIST_READ_OPS,
+                                 LIST_WRITE_OPS)
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
@@ -157,6 +159,11 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
     def charged(nodes: Iterable[node_def_pb2.NodeDef], top: bool = False) -> dict[str, int]:
         result = {}
         for node in nodes:
+            if node.op in FUNCTIONAL_COND_OPS:  # the branch that holds most
+                names = [branch.name for branch in branches(node) if branch.name in bodies]
+                if names:
+                    result[node.name] = max(held(name, False) for name in names)
+                continue
             key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
             if key is not None and node.attr[key].func.name in bodies:
                 arguments = tuple(sorted(handed.get(node.name, {}).items())) if top else ()

@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
 from seqmem.ir.op_tables import writes_variable
 
-__all__ = ["FunctionBodies", "called_functions", "nodes_running", "use_copies", "variable_writers"]
+__all__ = ["FunctionBodies", "branches", "called_functions", "nodes_running", "use_copies", "variable_writers"]
 
 
 class FunctionBodies:
@@ -67,6 +67,14 @@ def called_functions(node: node_def_pb2.NodeDef) -> set[str]:
             names.add(value.func.name)
         names.update(f.name for f in value.list.func)
     return names
+
+
+def branches(node: node_def_pb2.NodeDef) -> list[attr_value_pb2.NameAttrList]:
+    """The references to the branch functions of a conditional node (`If`, `Case` and their stateless
+    forms), in order; editing one edits the node."""
+    if "branches" in node.attr:
+        return list(node.attr["branches"].list.func)
+    return [node.attr[key].func for key in ("then_branch", "else_branch")]
 
 
 def _with_callers(library: function_pb2.FunctionDefLibrary, names: Iterable[str]) -> set[str]:

@@ -17,14 +17,16 @@ optimizer keeps an Identity pair that would otherwise look redundant.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from seqmem.edge.branch_restores import RESTORE_IN_BRANCH
 from seqmem.ir.graph import Node, TensorInfo, TensorRef
 
-__all__ = ["EmulatedDeviceBackend", "HostDeviceBackend", "cast_node"]
+__all__ = ["EmulatedDeviceBackend", "HostDeviceBackend", "cast_node", "marked_in_branch"]
 
 _KEEP = "_grappler_do_not_remove"
 
@@ -41,6 +43,11 @@ def _shape(info: TensorInfo) -> attr_value_pb2.AttrValue:
     return attr_value_pb2.AttrValue(shape=tf.TensorShape(info.shape).as_proto())
 
 
+def marked_in_branch(node: Node) -> Node:
+    """`node` with the attribute by which `seqmem.edge.branch_restores` moves it into a conditional's branches."""
+    return dataclasses.replace(node, attrs={**node.attrs, RESTORE_IN_BRANCH: attr_value_pb2.AttrValue(b=True)})
+
+
 def cast_node(name: str, tensor: TensorRef, source: TensorInfo, target: TensorInfo, control_inputs: Sequence[str],
               device: str) -> Node:
     """A Cast of `tensor` from `source`'s dtype to `target`'s, on `device`, after `control_inputs`."""
@@ -53,6 +60,7 @@ class EmulatedDeviceBackend:
     """Swap through serialized host buffers (see the module docstring)."""
 
     cast = staticmethod(cast_node)
+    in_branch = staticmethod(marked_in_branch)
 
     def swap_out(self, name: str, tensor: TensorRef, info: TensorInfo, producer: Node) -> Sequence[Node]:
         host = TensorInfo("string", (), None)
@@ -71,6 +79,7 @@ class HostDeviceBackend:
     """Swap through Identity copies to `host_device` and back to `compute_device`."""
 
     cast = staticmethod(cast_node)
+    in_branch = staticmethod(marked_in_branch)
 
     def __init__(self, host_device: str = "/device:CPU:0", compute_device: str = "/device:GPU:0") -> None:
         self.host_device = host_device

@@ -19,7 +19,7 @@ from seqmem.analyze.analysis import StepAnalysis
 from seqmem.analyze.anatomy import StepAnatomy
 from seqmem.analyze.critical_path import MachineModel, transfer_time_s
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.ir.op_tables import RECOMPUTABLE_OPS, SHAPE_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, RECOMPUTABLE_OPS, SHAPE_OPS
 from seqmem.plan.events import restore_bytes
 from seqmem.plan.readers import backward_content_readers, kept_until, last_early_reader
 from seqmem.sim.trace import MemoryTrace
@@ -33,13 +33,19 @@ __all__ = ["Candidate", "Option", "conservation_candidates"]
 @dataclass(frozen=True)
 class Option:
     """One way to conserve a candidate: its decision, the schedule position it is restored at (the
-    tensor is off the device at positions out_pos < i < in_pos), the bytes the device holds at in_pos
+    tensor is off the device at positions out_pos < i < off_until), the bytes the device holds at in_pos
     besides the copy, and the tensors a recomputation reads (they must stay on the device)."""
 
     decision: Decision
     in_pos: int
     restore_bytes: int
     reads: frozenset[TensorRef] = frozenset()
+
+    @property
+    def off_until(self) -> int:
+        """The first position the tensor is on the device again: in_pos, or the one after it where a
+        conditional restores it in its branches (the conditional holds one such copy at a time)."""
+        return self.in_pos + 1 if self.decision.in_branch else self.in_pos
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,8 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
         lead_s = sum(timing.completion_s[name] - timing.start_s[name] for name in chain)
     else:  # a copy that cannot overlap computation gains nothing by starting early: restore just in time
         lead_s = (transfer_s if machine.copies_overlap else 0.0) + (cast_s if lossy else 0.0)
-    if late:
+    in_branch = conserved.to_host and len(consumers) == 1 and graph.node(consumers[0]).op in FUNCTIONAL_COND_OPS
+    if late or in_branch:  # a conditional restores it in its branches, as it runs
         trigger, hidden = triggers.last_before(consumers), False
     else:
         trigger, hidden = triggers.choose(consumers, lead_s)
@@ -222,8 +229,9 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             copy_s = 2 * transfer_s  # out and in, on the compute's own time
         cost_s = copy_s + (2 * cast_s if lossy else 0.0)
     decision = Decision(ref, size, consumers, trigger, transfer_s, kind=conserved, cost_s=cost_s,
-                        handle_bytes=machine.host_handle_bytes if conserved.to_host else 0)
-    return Option(decision, position[trigger] + 1, restore_bytes(graph, decision), reads)
+                        handle_bytes=machine.host_handle_bytes if conserved.to_host else 0, in_branch=in_branch)
+    in_pos = position[consumers[0]] if in_branch else position[trigger] + 1
+    return Option(decision, in_pos, restore_bytes(graph, decision), reads)
 
 
 def _recompute_chain(analysis: StepAnalysis, ref: TensorRef, deadline: int, position: Mapping[str, int],

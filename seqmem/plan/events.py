@@ -54,9 +54,10 @@ def swap_events(plan: Plan, analysis: StepAnalysis) -> list[SwapEvent]:
     events = []
     for decision in plan.decisions:
         out_after = last_early_reader(graph, decision.tensor, decision.consumers, position)
-        events.append(SwapEvent(decision.tensor, out_after, order[position[decision.trigger] + 1],
+        in_before = decision.consumers[0] if decision.in_branch else order[position[decision.trigger] + 1]
+        events.append(SwapEvent(decision.tensor, out_after, in_before,
                                 resident_bytes=decision.resident_bytes, restore_bytes=restore_bytes(graph, decision),
-                                handle_bytes=decision.handle_bytes))
+                                handle_bytes=decision.handle_bytes, in_branch=decision.in_branch))
     return events
 
 

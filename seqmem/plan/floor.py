@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from seqmem.analyze.analysis import StepAnalysis
 from seqmem.analyze.anatomy import StepAnatomy
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.ir.op_tables import FUNCTIONAL_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, FUNCTIONAL_OPS
 from seqmem.sim.trace import DeviceTimeline, MemoryTrace
 from seqmem.decisions.plan import Plan
 from seqmem.units import MIB
@@ -102,7 +102,7 @@ def _peak_end(trace: MemoryTrace, device: DeviceTimeline) -> str:
 
 def _why_held(tensor: TensorRef, anatomy: StepAnatomy, conserved: dict, skipped: dict, graph: Graph, until: str,
               read_at_end: set) -> str:
-    if tensor in read_at_end and graph.node(until).op in FUNCTIONAL_OPS:
+    if tensor in read_at_end and graph.node(until).op in FUNCTIONAL_OPS - FUNCTIONAL_COND_OPS:
         how = f"conserved ({conserved[tensor]}) and restored for" if tensor in conserved else "an input of"
         return (f"{how} {graph.node(until).op} '{until}', a function call: it takes every input on the device "
                 "at once, and seqmem plans nothing inside function bodies")

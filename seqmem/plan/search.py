@@ -288,7 +288,7 @@ def _select(candidates: Sequence[Candidate], chosen: dict, tree: MaxTree, target
                 return changed
             peak = tree.argmax()
             if _needed_by_recomputation(candidate.tensor, chosen) or not candidate.out_pos < peak \
-                    or (current is not None and peak < current[1].in_pos):
+                    or (current is not None and peak < current[1].off_until):
                 continue
             if current is not None:
                 _unchoose(tree, candidate, current[1], chosen, host)
@@ -308,7 +308,7 @@ def cheapest_helpful(candidate: Candidate, peak: int, needed_bytes: int, chosen:
     """Of the options that free the tensor at position `peak` and fit the host's room: the cheapest that
     frees `needed_bytes`, else the one that frees most (the cheapest of those); None if none helps."""
     helpful = [option for option in candidate.options
-               if peak < option.in_pos and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()
+               if peak < option.off_until and option.decision.saved_bytes > 0 and not option.reads & chosen.keys()
                and host.admits(option.decision.host_bytes)]
     enough = [option for option in helpful if option.decision.saved_bytes >= needed_bytes]
     if enough:
@@ -323,7 +323,7 @@ def _needed_by_recomputation(ref: TensorRef, chosen: Mapping) -> bool:
 def _choose(tree: MaxTree, candidate: Candidate, option: Option, chosen: dict, host: HostRoom) -> None:
     decision = option.decision
     host.left -= decision.host_bytes
-    tree.add(candidate.out_pos + 1, option.in_pos, -decision.saved_bytes)
+    tree.add(candidate.out_pos + 1, option.off_until, -decision.saved_bytes)
     tree.add(option.in_pos, option.in_pos + 1, option.restore_bytes + decision.resident_bytes)
     chosen[candidate.tensor] = (candidate, option)
 
@@ -332,7 +332,7 @@ def _unchoose(tree: MaxTree, candidate: Candidate, option: Option, chosen: dict,
     """Undo `_choose`."""
     decision = option.decision
     host.left += decision.host_bytes
-    tree.add(candidate.out_pos + 1, option.in_pos, decision.saved_bytes)
+    tree.add(candidate.out_pos + 1, option.off_until, decision.saved_bytes)
     tree.add(option.in_pos, option.in_pos + 1, -(option.restore_bytes + decision.resident_bytes))
     del chosen[candidate.tensor]
 

@@ -10,7 +10,9 @@ nodes B):
 
 One swap-out reads the tensor right after its producer (all backward readers
 share it); one swap-in, started by the trigger, feeds every backward reader.
-Forward readers keep the original. The other kinds follow the same shape:
+Forward readers keep the original. Where B is one conditional (`Decision.in_branch`),
+swap_in's nodes are marked for `seqmem.edge.branch_restores`, which moves them into
+its branches. The other kinds follow the same shape:
 "compress" casts `t` to its compressed dtype once F are done and casts it back
 after the trigger; "compress+swap" swaps the compressed cast; "recompute" copies
 the forward nodes that made `t`, each started by the trigger, and B read the
@@ -54,6 +56,9 @@ class SwapBackend(Protocol):
              control_inputs: Sequence[str], device: str) -> Node:
         """A node on `device` casting `tensor` (described by `source`) to `target`'s dtype, after `control_inputs`."""
 
+    def in_branch(self, node: Node) -> Node:
+        """`node`, marked as restoring a copy that the conditional reading it restores in its branches."""
+
 
 @without_gc
 def rewrite(graph: Graph, plan: Plan, backend: SwapBackend) -> Graph:
@@ -79,6 +84,8 @@ def rewrite(graph: Graph, plan: Plan, backend: SwapBackend) -> Graph:
         else:
             out_nodes, in_nodes, out_after = _conserved(graph, decision, base, backend, pinned_position)
             restored = TensorRef(in_nodes[-1].name, 0)
+        if decision.in_branch:
+            in_nodes = [backend.in_branch(node) for node in in_nodes]
         added += out_nodes + in_nodes
         placed_after.setdefault(out_after, []).extend(n.name for n in out_nodes)
         placed_after.setdefault(decision.trigger, []).extend(n.name for n in in_nodes)

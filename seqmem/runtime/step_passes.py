@@ -2,8 +2,8 @@
 
 `rewrite` and `assign_in_place` edit seqmem's IR (conservations, pinned order,
 variables kept in place); the passes below edit the exported GraphDef, because
-they change loop bodies and called functions, which the IR holds as an opaque
-library. Each `StepPass` says when it applies to a plan; `run_passes` runs
+they change loop bodies, branches and called functions, which the IR holds as an
+opaque library. Each `StepPass` says when it applies to a plan; `run_passes` runs
 those that do, in order, and returns the result with the names of the passes
 that changed it (after torch.fx's `PassManager`); `check` sees the GraphDef
 after each pass (tests import it into a graph).
@@ -19,6 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from seqmem.analyze.analysis import StepAnalysis
 from seqmem.edge import capture
+from seqmem.edge.branch_restores import restore_in_branches
 from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.loop_swap import swap_loop_accumulators
@@ -55,6 +56,9 @@ def _bounded(plan: Plan) -> bool:
 
 
 STEP_PASSES: tuple[StepPass, ...] = (
+    # swapped tensors a conditional reads, restored in its branches one at a time (`edge.branch_restores`)
+    StepPass("restore in branches", lambda plan: any(decision.in_branch for decision in plan.decisions),
+             lambda graph_def, plan, analysis: restore_in_branches(graph_def)),
     # what a forward loop saves for its gradient loop, swapped element by element (`edge.loop_swap`)
     StepPass("swap loop accumulators", lambda plan: bool(plan.loop_swaps),
              lambda graph_def, plan, analysis: swap_loop_accumulators(graph_def, plan.loop_swaps)),

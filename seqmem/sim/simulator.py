@@ -13,10 +13,11 @@ Model (that of TensorFlow's executor with a BFC allocator):
   starts); its lists, which it fills or empties, stay. Its loop invariants,
   and what a called function returns unchanged, share the input's buffer
   (`TensorInfo.passes_input`). One iteration's body is charged as the loop's
-  scratch, and a function call's body as the call's (`seqmem.edge.bodies`).
-  A call's body is placed in 1 MiB pieces (`BODY_PIECE_BYTES`): its bytes are
-  its many tensors, not one buffer, and as one request the allocator model
-  would hand them a free chunk up to twice their size.
+  scratch, a function call's body as the call's and a conditional's largest
+  branch as its own (`seqmem.edge.bodies`). A call's or a conditional's body
+  is placed in 1 MiB pieces (`BODY_PIECE_BYTES`): its bytes are its many
+  tensors, not one buffer, and as one request the allocator model would hand
+  them a free chunk up to twice their size.
   A list's elements are buffers of their own (`TensorInfo.element_bytes`):
   the allocator model places each one. A loop whose body's `Iteration` is
   known (`iterations`) runs it through the allocator model once per element of
@@ -49,7 +50,9 @@ Model (that of TensorFlow's executor with a BFC allocator):
   back just before `in_before` runs; readers from `in_before` on read the copy.
   A compressed tensor keeps `resident_bytes` on the device meanwhile; restoring
   it (casting back, or recomputing it) holds `restore_bytes` more while
-  `in_before` runs, with the compressed copy.
+  `in_before` runs, with the compressed copy. Copies a conditional restores in
+  its branches (`SwapEvent.in_branch`) come back one at a time: the largest
+  of them is live while it runs.
 
 Linear in the size of the graph: one pass over `order` (two with the "bfc"
 model), plus, per loop, its iterations (one for a loop that fills no list) times its
@@ -62,7 +65,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
-from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, INPLACE_OPS, LOOP_BACK_OPS,
+from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTIONAL_LOOP_OPS, FUNCTIONAL_OPS, INPLACE_OPS, LOOP_BACK_OPS,
                                  LOOP_MERGE_OPS, STEP_ARGUMENT_OPS)
 from seqmem.sim.device_memory import DeviceMemory, instantiate, timeline_name, with_in_use_before
 from seqmem.sim.iteration import Iteration, replay
@@ -209,7 +212,7 @@ class _Pass:
             handles = memory.allocate_filled([(b.size, b.pieces) for _, b in filled], scratch, _piece_count(scratch))
             for (_, buffer), handle in zip(filled, handles):
                 buffer.handle = handle
-        body = node.op in FUNCTIONAL_LOOP_OPS or node.op in FUNCTION_CALL_OPS
+        body = node.op in FUNCTIONAL_OPS  # a body's bytes are its many tensors, placed in pieces
         scratch_handle = memory.allocate(scratch, _piece_count(scratch) if body else 1) if scratch else None
         self._record(step, memory, replayed)
         if scratch_handle is not None:
@@ -267,21 +270,29 @@ class _Pass:
         """Bring back the copies due before `step`; returns what their restores hold besides the copies
         (device memory, handle, bytes), freed once the step is counted."""
         restoring = []
+        in_branch = []  # (bytes, pieces, device) of the copies restored one at a time in a conditional
         for ref in self.swap_ins_before.get(step, ()):
             original = self.buffer_of[ref]
-            copy = _Buffer(original.size, original.device, ref, False, step, original.pieces)
+            event = self.swap_by_tensor[ref]
+            copy = _Buffer(0 if event.in_branch else original.size, original.device, ref, False, step,
+                           original.pieces)
             copy.pending = self._reads(ref, late=True)
             self.copy_of[ref] = copy
             self.buffers.append(copy)
             copy_memory = self.memories[copy.device]
-            copy.handle = copy_memory.allocate(copy.size, copy.pieces)
-            event = self.swap_by_tensor[ref]
             if ref in self.host_handles:  # read by the restoring node alone, freed as it finishes
                 self.memories[original.device].free(self.host_handles.pop(ref), event.handle_bytes)
+            if event.in_branch:
+                in_branch.append((original.size + event.restore_bytes, original.pieces, copy.device))
+                continue
+            copy.handle = copy_memory.allocate(copy.size, copy.pieces)
             if event.restore_bytes:
                 restoring.append((copy_memory, copy_memory.allocate(event.restore_bytes), event.restore_bytes))
             if ref in self.resident:
                 restoring.append((copy_memory, self.resident.pop(ref), event.resident_bytes))
+        if in_branch:
+            size, pieces, device = max(in_branch)
+            restoring.append((self.memories[device], self.memories[device].allocate(size, pieces), size))
         return restoring
 
     def _outputs(self, step: int, node, device: str, memory: DeviceMemory

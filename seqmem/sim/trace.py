@@ -18,6 +18,8 @@ class SwapEvent:
     the restoration needs besides the copy (a recomputed chain's other outputs), live while `in_before` runs.
     handle_bytes: what the host copy keeps on the device (`MachineModel.host_handle_bytes`), allocated once
     the tensor's producer ran, as the swap-out runs then, and freed once the copy is back.
+    in_branch: `in_before` is a conditional that restores the copy in its branches, one such copy at a
+    time: while it runs, the largest of its copies restored so is live, not their sum.
     """
 
     tensor: TensorRef
@@ -26,6 +28,7 @@ class SwapEvent:
     resident_bytes: int = 0
     restore_bytes: int = 0
     handle_bytes: int = 0
+    in_branch: bool = False
 
 
 @dataclass(frozen=True)

@@ -131,28 +131,48 @@ def test_a_floor_counts_a_restored_input_as_the_ops_own():
     assert floor.working_bytes == (2 + 1 + 13) * MB
 
 
+def _gradients_applied_by(op):
+    """A step whose update is one node of `op` taking every gradient (and returning nothing), as a
+    loss-scale optimizer's `If`, with handles captured for its body (allocating nothing) scheduled before it."""
+    return graph(node("x", "Placeholder", outputs=(1024,)), node("f1", "Op", ["x"], outputs=(MB,)),
+                 node("f2", "Op", ["f1"], outputs=(MB,)),
+                 node("loss", "Sum", ["f2"], outputs=(TensorInfo("float32", (), 4),)), node("ones", "Const"),
+                 node("gradient_tape/dw2", "Op", ["ones", "f2"], outputs=(4 * MB,)),
+                 node("gradient_tape/g2", "Op", ["ones", "f2"], outputs=(MB,)),
+                 node("gradient_tape/dw1", "Op", ["gradient_tape/g2", "f1"], outputs=(4 * MB,)),
+                 node("scaled", "Op", ["gradient_tape/dw1"], outputs=(4 * MB,)),
+                 node("update/input_3", "Op", control=("scaled",), outputs=(0,)),
+                 node("update", op, ["gradient_tape/dw2", "gradient_tape/dw1", "scaled", "update/input_3"],
+                      outputs=()))
+
+
 def test_a_floor_held_for_a_function_call_says_so():
-    """A loss-scale optimizer's update is an `If` taking every gradient (and returning nothing), with
-    handles captured for its branch (allocating nothing) scheduled before it: the peak lasts from the last
-    gradient's op until the `If`, and a gradient held across it is named as the call's input."""
-    g = graph(node("x", "Placeholder", outputs=(1024,)), node("f1", "Op", ["x"], outputs=(MB,)),
-              node("f2", "Op", ["f1"], outputs=(MB,)),
-              node("loss", "Sum", ["f2"], outputs=(TensorInfo("float32", (), 4),)), node("ones", "Const"),
-              node("gradient_tape/dw2", "Op", ["ones", "f2"], outputs=(4 * MB,)),
-              node("gradient_tape/g2", "Op", ["ones", "f2"], outputs=(MB,)),
-              node("gradient_tape/dw1", "Op", ["gradient_tape/g2", "f1"], outputs=(4 * MB,)),
-              node("scaled", "Op", ["gradient_tape/dw1"], outputs=(4 * MB,)),
-              node("update/input_3", "Op", control=("scaled",), outputs=(0,)),
-              node("update", "If", ["gradient_tape/dw2", "gradient_tape/dw1", "scaled", "update/input_3"],
-                   outputs=()))
+    """The peak lasts from the last gradient's op until the call, and a gradient held across it is named as
+    the call's input."""
     options = ConservationOptions(min_bytes=64 * MB)
-    result = choose_conservations(_analysis(g), budget_bytes=1, allocator="exact", options=options)
+    result = choose_conservations(_analysis(_gradients_applied_by("StatefulPartitionedCall")), budget_bytes=1,
+                                  allocator="exact", options=options)
     floor = result.floor
-    assert (floor.op, floor.until, floor.until_type) == ("scaled", "update", "If")
+    assert (floor.op, floor.until, floor.until_type) == ("scaled", "update", "StatefulPartitionedCall")
     assert [b.tensor.node for b in floor.held] == ["gradient_tape/dw2"]
-    assert floor.held[0].why == ("an input of If 'update', a function call: it takes every input on the device "
-                                 "at once, and seqmem plans nothing inside function bodies")
-    assert "the peak lasts until If 'update'" in result.reason
+    assert floor.held[0].why == ("an input of StatefulPartitionedCall 'update', a function call: it takes every "
+                                 "input on the device at once, and seqmem plans nothing inside function bodies")
+    assert "the peak lasts until StatefulPartitionedCall 'update'" in result.reason
+
+
+def test_gradients_a_conditional_applies_are_restored_in_its_branches_one_at_a_time():
+    """Swapped for an `If`, the gradients come back in its branches: it holds the largest, not all three."""
+    analysis = _analysis(_gradients_applied_by("If"))
+    result = choose_conservations(analysis, budget_bytes=1, allocator="exact")
+    in_branch = {d.tensor.node for d in result.plan.decisions if d.in_branch}
+    assert in_branch == {"gradient_tape/dw2", "gradient_tape/dw1"}  # scaled: the If reads it right away
+    assert all(d.consumers == ("update",) for d in result.plan.decisions if d.in_branch)
+    as_inputs = choose_conservations(analysis, budget_bytes=1, allocator="exact",
+                                     options=ConservationOptions(min_bytes=64 * MB))
+    assert result.smallest_peak_bytes <= as_inputs.smallest_peak_bytes - 4 * MB
+    rewritten = rewrite(analysis.graph, result.plan, IdentityBackend())
+    restores = [name for name, n in rewritten.nodes.items() if n.attrs.get("in_branch")]
+    assert len(restores) == 2 and set(rewritten.consumers(TensorRef(restores[0]))) == {"update"}
 
 
 def test_infeasible_budget_names_the_minimum_and_the_op_and_holds_the_plan_that_reaches_it():

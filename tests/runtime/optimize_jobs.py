@@ -250,3 +250,57 @@ def dropout_equivalence(batch, budget_mb, steps=3):
     same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in
                          zip(model.variables + [noise.state], copy.variables + [copy_noise.state]))
     return optimized.plan.measured_peak_bytes is not None, losses == optimized_losses, same_variables
+
+
+def loss_scaled_equivalence(batch, fraction, steps=3):
+    """A mixed-precision MLP whose `LossScaleOptimizer` applies the gradients in a `tf.cond` over their finite
+    check (its weights' gradients are much of its peak), optimized without calibration for `fraction` of its
+    predicted peak vs the original, same initial weights: (the decisions restored in the conditional's
+    branches, the optimized step's measured peaks, the original's, losses equal, weights equal). The
+    optimized step is measured first, in a fresh arena; the original's peaks leave out what it left there."""
+    import tensorflow as tf
+
+    from seqmem.runtime import device
+    from seqmem.runtime.measure import step_peaks
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            model = tf.keras.Sequential([tf.keras.Input([512])] + [tf.keras.layers.Dense(512, activation="relu")
+                                                                   for _ in range(8)] + [tf.keras.layers.Dense(10)])
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9))
+        optimizer.build(model.trainable_variables)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, tf.cast(model(x, training=True), tf.float32), from_logits=True))
+                scaled = optimizer.get_scaled_loss(loss)
+            gradients = optimizer.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        return model, step
+
+    rng = np.random.default_rng(0)
+    args = (tf.constant(rng.standard_normal([batch, 512]).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, [batch]).astype(np.int32)))
+    copy, step = build()
+    before = optimize(step, 1e6, sample_inputs=args, calibrate=False).plan.predicted_peak_before_bytes
+    optimized = optimize(step, fraction * before / (1 << 20), sample_inputs=args, calibrate=False)
+    optimized_losses = [float(optimized(*args)) for _ in range(steps)]
+    peaks = step_peaks(optimized, args, copy.variables, 2)
+    left_by_optimized = device.memory_stats().current_bytes
+    model, original = build()
+    losses = [float(original(*args)) for _ in range(steps)]
+    same_weights = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.variables, copy.variables))
+    original_peaks = [peak - left_by_optimized for peak in step_peaks(original, args, model.variables, 2)]
+    return (sum(d.in_branch for d in optimized.plan.decisions), peaks, original_peaks, losses == optimized_losses,
+            same_weights)

@@ -68,6 +68,16 @@ def test_memory_the_process_holds_on_the_device_counts_in_the_prediction():
 
 
 @pytest.mark.device
+def test_gradients_a_loss_scale_optimizers_cond_applies_come_back_in_its_branch_and_values_hold():
+    # the MLP's fp32 gradients all wait for the `If` that applies them; restored in its branch one at a time
+    run = run_with_budget(optimize_jobs.loss_scaled_equivalence, 64, 0.8, budget_mb=4096)
+    assert run.ok, run.message
+    in_branch, peaks, original_peaks, same_losses, same_weights = run.value
+    assert in_branch > 0 and same_losses and same_weights
+    assert max(peaks) < min(original_peaks)
+
+
+@pytest.mark.device
 def test_host_device_backend_on_two_logical_cpus():
     run = run_with_budget(optimize_jobs.host_device_backend_equivalence, budget_mb=4096)
     assert run.ok, run.message

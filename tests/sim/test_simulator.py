@@ -204,6 +204,23 @@ def test_a_host_copys_handle_stays_on_the_device_from_its_producer_until_the_cop
     assert trace.devices[""].live_bytes == (0, 0, 1000, 3024, 2028, 2024, 4024, 4000, 1000)
 
 
+def test_copies_a_conditional_restores_in_its_branches_come_back_one_at_a_time():
+    # g1 (1000 bytes) and g2 (3000) wait for a conditional that applies them; swapped after their finite
+    # check, restored for it: as inputs both are back while it runs (with check's and work's outputs, and
+    # its own); restored in its branches, only the larger
+    def step(in_branch):
+        g = graph(node("x", "Placeholder", outputs=(4,)), node("g1", "Op", ["x"], outputs=(1000,)),
+                  node("g2", "Op", ["x"], outputs=(3000,)), node("check", "Op", ["g1", "g2"], outputs=(4,)),
+                  node("work", "Op", ["x"], outputs=(500,)), node("cond", "If", ["check", "g1", "g2", "work"],
+                                                               outputs=(4,)))
+        order = ("x", "g1", "g2", "check", "work", "cond")
+        events = [SwapEvent(TensorRef(name), "check", "cond", in_branch=in_branch) for name in ("g1", "g2")]
+        return simulate(g, order, events).devices[""].live_bytes
+
+    assert step(False) == (0, 1000, 4000, 4004, 504, 4508)
+    assert step(True) == (0, 1000, 4000, 4004, 504, 3508)
+
+
 @pytest.mark.parametrize(
     "event, message",
     [

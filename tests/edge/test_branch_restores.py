@@ -1,0 +1,107 @@
+"""seqmem.edge.branch_restores: gradients a loss-scale-style `tf.cond` reads, swapped, come back inside its
+branch one at a time; the step computes what it did."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from seqmem.decisions.plan import Decision, Plan
+from seqmem.edge import capture
+from seqmem.edge.branch_restores import RESTORE_IN_BRANCH, restore_in_branches
+from seqmem.edge.runner import graph_def_runner
+from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
+from seqmem.rewrite.conservations import rewrite
+
+
+def _guarded_step():
+    """Two dense layers; the gradients applied inside a `tf.cond` over their finite check, as a loss-scale
+    optimizer applies them. Returns the step, its variables and an input."""
+    w1 = tf.Variable(tf.random.stateless_normal([16, 32], seed=[0, 1]))
+    w2 = tf.Variable(tf.random.stateless_normal([32, 4], seed=[0, 2]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.tanh(x @ w1) @ w2)
+        gradients = tape.gradient(loss, [w1, w2])
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
+
+        def apply():
+            for variable, gradient in zip((w1, w2), gradients):
+                variable.assign_sub(0.01 * gradient)
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        return loss
+
+    return step, (w1, w2), tf.random.stateless_normal([8, 16], seed=[0, 3])
+
+
+def _swapped_in_branch(function, backend):
+    """`function`'s graph with every float input of its `If` swapped and restored in the branches
+    (`rewrite` with in-branch decisions, then `restore_in_branches`), and the names of the inputs."""
+    graph = capture.from_tf(function)
+    (cond,) = [name for name, node in graph.nodes.items() if node.op in ("If", "StatelessIf")]
+    gradients = [ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32"]
+    before = graph.topological_order()
+    trigger = before[before.index(cond) - 1]
+    decisions = tuple(Decision(ref, graph.tensor(ref).size_bytes, (cond,), trigger, 0.0, in_branch=True)
+                      for ref in gradients)
+    plan = Plan(1 << 30, 1 << 30, 0, 0, decisions=decisions)
+    return restore_in_branches(capture.to_graph_def(rewrite(graph, plan, backend))), cond, gradients
+
+
+@pytest.mark.parametrize("backend", [EmulatedDeviceBackend(), HostDeviceBackend("/device:CPU:0", "/device:CPU:0")],
+                         ids=["emulated", "host-device"])
+def test_swapped_gradients_come_back_in_the_branch_one_after_another_and_values_hold(op_determinism, backend):
+    step, variables, x = _guarded_step()
+    function = step.get_concrete_function(x)
+    starts = [v.numpy() for v in variables]
+    losses = [float(step(x)) for _ in range(3)]
+    expected = [v.numpy() for v in variables]
+    for variable, start in zip(variables, starts):
+        variable.assign(start)
+
+    graph_def, cond, gradients = _swapped_in_branch(function, backend)
+    assert len(gradients) == 2
+    assert not any(RESTORE_IN_BRANCH in node.attr for node in graph_def.node)  # all moved
+    (node,) = [n for n in graph_def.node if n.name == cond]
+    host = {n.name: n for n in graph_def.node}
+    copies = [host[name.split(":")[0]].op for name in node.input if name.startswith("seqmem_swap/")]
+    assert copies == 2 * [{"EmulatedDeviceBackend": "SerializeTensor"}.get(type(backend).__name__, "Identity")]
+    library = {f.signature.name: f for f in graph_def.library.function}
+    then_branch = library[node.attr["then_branch"].func.name]
+    # each chain's first node reads the argument the host copy became
+    restores = [n for n in then_branch.node_def
+                if n.name.startswith("seqmem_swap/") and not n.input[0].startswith("seqmem_swap/")]
+    assert len(restores) == 2
+    # the second restore waits for every reader of the first
+    first, second = sorted(restores, key=lambda n: any(i.startswith("^") for i in n.input))
+    assert [i for i in first.input if i.startswith("^")] == []
+    assert [i for i in second.input if i.startswith("^")]
+    else_branch = library[node.attr["else_branch"].func.name]
+    assert not any(n.name.startswith("seqmem_swap/") for n in else_branch.node_def)  # reads no gradient
+
+    runner = graph_def_runner(function, graph_def)
+    assert [float(runner(x)[0]) for _ in range(3)] == losses
+    for variable, value in zip(variables, expected):
+        np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_a_graph_without_marked_restores_is_returned_as_it_is():
+    step, _, x = _guarded_step()
+    graph_def = step.get_concrete_function(x).graph.as_graph_def()
+    assert restore_in_branches(graph_def) is graph_def
+
+
+def test_a_marked_restore_read_by_anything_but_a_conditional_is_refused():
+    step, _, x = _guarded_step()
+    graph = capture.from_tf(step.get_concrete_function(x))
+    (cond,) = [name for name, node in graph.nodes.items() if node.op in ("If", "StatelessIf")]
+    ref = next(ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32")
+    reader = next(name for name in graph.consumers(ref) if name != cond)
+    plan = Plan(1 << 30, 1 << 30, 0, 0, decisions=(
+        Decision(ref, graph.tensor(ref).size_bytes, (cond, reader), ref.node, 0.0, in_branch=True),))
+    graph_def = capture.to_graph_def(rewrite(graph, plan, EmulatedDeviceBackend()))
+    with pytest.raises(ValueError, match="only a conditional"):
+        restore_in_branches(graph_def)
