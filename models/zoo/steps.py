@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["STEPS", "ZooModel", "ZooStep"]
+__all__ = ["STEPS", "ZooModel", "ZooStep", "loss_scaled_training"]
 
 
 @dataclass(frozen=True)
@@ -73,28 +73,35 @@ def _keras_application(application: Callable[..., tf.keras.Model], size: int) ->
     return build
 
 
-def mixed_precision_resnet50(batch: int) -> ZooStep:
-    """ResNet50 at 32 x 32 under the `mixed_float16` policy, SGD inside a dynamic `LossScaleOptimizer`:
-    the scaled loss differentiated, gradients unscaled and checked finite before the update."""
-    tf.keras.utils.set_random_seed(0)
+def loss_scaled_training(build_model: Callable[[], tf.keras.Model]) -> tuple[tf.keras.Model, Any, Any]:
+    """A model built by `build_model` under the `mixed_float16` policy, SGD with momentum inside a dynamic
+    `LossScaleOptimizer`, and its step (`step(inputs, labels)`, returning the loss): the scaled loss
+    differentiated, gradients unscaled and checked finite (a `tf.cond`) before the update."""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = tf.keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10,
-                                               classifier_activation=None)
+        model = build_model()
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
     optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9))
     optimizer.build(model.trainable_variables)
 
     @tf.function
-    def step(images, labels):
+    def step(inputs, labels):
         with tf.GradientTape() as tape:
-            loss = _classification_loss(model, images, labels)
+            loss = _classification_loss(model, inputs, labels)
             scaled = optimizer.get_scaled_loss(loss)
         gradients = optimizer.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
+    return model, optimizer, step
+
+
+def mixed_precision_resnet50(batch: int) -> ZooStep:
+    """ResNet50 at 32 x 32 in `loss_scaled_training`."""
+    tf.keras.utils.set_random_seed(0)
+    model, optimizer, step = loss_scaled_training(lambda: tf.keras.applications.ResNet50(
+        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None))
     return _built(model, optimizer, step, *_images(batch, 32, 10))
 
 

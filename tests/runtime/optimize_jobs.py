@@ -260,6 +260,7 @@ def loss_scaled_equivalence(batch, fraction, steps=3):
     optimized step is measured first, in a fresh arena; the original's peaks leave out what it left there."""
     import tensorflow as tf
 
+    from models.zoo.steps import loss_scaled_training
     from seqmem.runtime import device
     from seqmem.runtime.measure import step_peaks
     from seqmem.runtime.optimize import optimize
@@ -268,25 +269,9 @@ def loss_scaled_equivalence(batch, fraction, steps=3):
 
     def build():
         tf.keras.utils.set_random_seed(0)
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        try:
-            model = tf.keras.Sequential([tf.keras.Input([512])] + [tf.keras.layers.Dense(512, activation="relu")
-                                                                   for _ in range(8)] + [tf.keras.layers.Dense(10)])
-        finally:
-            tf.keras.mixed_precision.set_global_policy("float32")
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9))
-        optimizer.build(model.trainable_variables)
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                    y, tf.cast(model(x, training=True), tf.float32), from_logits=True))
-                scaled = optimizer.get_scaled_loss(loss)
-            gradients = optimizer.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
-
+        model, _, step = loss_scaled_training(lambda: tf.keras.Sequential(
+            [tf.keras.Input([512])] + [tf.keras.layers.Dense(512, activation="relu") for _ in range(8)]
+            + [tf.keras.layers.Dense(10)]))
         return model, step
 
     rng = np.random.default_rng(0)
