@@ -10,12 +10,14 @@ from seqmem.edge import capture
 from seqmem.edge.branch_restores import RESTORE_IN_BRANCH, restore_in_branches
 from seqmem.edge.runner import graph_def_runner
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
+from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS
 from seqmem.rewrite.conservations import rewrite
 
 
-def _guarded_step():
+def _guarded_step(conditional="cond"):
     """Two dense layers; the gradients applied inside a `tf.cond` over their finite check, as a loss-scale
-    optimizer applies them. Returns the step, its variables and an input."""
+    optimizer applies them (or a `tf.switch_case` on it: `conditional="case"`). Returns the step, its
+    variables and an input."""
     w1 = tf.Variable(tf.random.stateless_normal([16, 32], seed=[0, 1]))
     w2 = tf.Variable(tf.random.stateless_normal([32, 4], seed=[0, 2]))
 
@@ -31,17 +33,39 @@ def _guarded_step():
                 variable.assign_sub(0.01 * gradient)
             return tf.constant(True)
 
-        tf.cond(finite, apply, lambda: tf.constant(False))
+        if conditional == "case":
+            tf.switch_case(tf.cast(finite, tf.int32), [lambda: tf.constant(False), apply])
+        else:
+            tf.cond(finite, apply, lambda: tf.constant(False))
         return loss
 
     return step, (w1, w2), tf.random.stateless_normal([8, 16], seed=[0, 3])
+
+
+def _trained_once(step, variables, x):
+    """`step`'s concrete function, the losses of 3 calls and the variables after them; the variables are
+    then reset to where they started."""
+    function = step.get_concrete_function(x)
+    starts = [v.numpy() for v in variables]
+    losses = [float(step(x)) for _ in range(3)]
+    expected = [v.numpy() for v in variables]
+    for variable, start in zip(variables, starts):
+        variable.assign(start)
+    return function, losses, expected
+
+
+def _assert_trains_the_same(function, graph_def, x, losses, variables, expected):
+    runner = graph_def_runner(function, graph_def)
+    assert [float(runner(x)[0]) for _ in range(3)] == losses
+    for variable, value in zip(variables, expected):
+        np.testing.assert_array_equal(variable.numpy(), value)
 
 
 def _swapped_in_branch(function, backend):
     """`function`'s graph with every float input of its `If` swapped and restored in the branches
     (`rewrite` with in-branch decisions, then `restore_in_branches`), and the names of the inputs."""
     graph = capture.from_tf(function)
-    (cond,) = [name for name, node in graph.nodes.items() if node.op in ("If", "StatelessIf")]
+    (cond,) = [name for name, node in graph.nodes.items() if node.op in FUNCTIONAL_COND_OPS]
     gradients = [ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32"]
     before = graph.topological_order()
     trigger = before[before.index(cond) - 1]
@@ -55,12 +79,7 @@ def _swapped_in_branch(function, backend):
                          ids=["emulated", "host-device"])
 def test_swapped_gradients_come_back_in_the_branch_one_after_another_and_values_hold(op_determinism, backend):
     step, variables, x = _guarded_step()
-    function = step.get_concrete_function(x)
-    starts = [v.numpy() for v in variables]
-    losses = [float(step(x)) for _ in range(3)]
-    expected = [v.numpy() for v in variables]
-    for variable, start in zip(variables, starts):
-        variable.assign(start)
+    function, losses, expected = _trained_once(step, variables, x)
 
     graph_def, cond, gradients = _swapped_in_branch(function, backend)
     assert len(gradients) == 2
@@ -82,10 +101,7 @@ def test_swapped_gradients_come_back_in_the_branch_one_after_another_and_values_
     else_branch = library[node.attr["else_branch"].func.name]
     assert not any(n.name.startswith("seqmem_swap/") for n in else_branch.node_def)  # reads no gradient
 
-    runner = graph_def_runner(function, graph_def)
-    assert [float(runner(x)[0]) for _ in range(3)] == losses
-    for variable, value in zip(variables, expected):
-        np.testing.assert_array_equal(variable.numpy(), value)
+    _assert_trains_the_same(function, graph_def, x, losses, variables, expected)
 
 
 def test_a_graph_without_marked_restores_is_returned_as_it_is():
@@ -97,7 +113,7 @@ def test_a_graph_without_marked_restores_is_returned_as_it_is():
 def test_a_marked_restore_read_by_anything_but_a_conditional_is_refused():
     step, _, x = _guarded_step()
     graph = capture.from_tf(step.get_concrete_function(x))
-    (cond,) = [name for name, node in graph.nodes.items() if node.op in ("If", "StatelessIf")]
+    (cond,) = [name for name, node in graph.nodes.items() if node.op in FUNCTIONAL_COND_OPS]
     ref = next(ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32")
     reader = next(name for name in graph.consumers(ref) if name != cond)
     plan = Plan(1 << 30, 1 << 30, 0, 0, decisions=(
@@ -105,3 +121,17 @@ def test_a_marked_restore_read_by_anything_but_a_conditional_is_refused():
     graph_def = capture.to_graph_def(rewrite(graph, plan, EmulatedDeviceBackend()))
     with pytest.raises(ValueError, match="only a conditional"):
         restore_in_branches(graph_def)
+
+
+def test_a_case_restores_in_the_branch_that_reads_and_values_hold(op_determinism):
+    step, variables, x = _guarded_step("case")
+    function, losses, expected = _trained_once(step, variables, x)
+
+    graph_def, cond, gradients = _swapped_in_branch(function, EmulatedDeviceBackend())
+    assert len(gradients) == 2
+    (node,) = [n for n in graph_def.node if n.name == cond]
+    library = {f.signature.name: f for f in graph_def.library.function}
+    parses = [[n for n in library[branch.name].node_def if n.op == "ParseTensor"]
+              for branch in node.attr["branches"].list.func]
+    assert [len(found) for found in parses] == [0, 2]  # the skipping branch reads no gradient
+    _assert_trains_the_same(function, graph_def, x, losses, variables, expected)
