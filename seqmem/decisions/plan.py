@@ -118,8 +118,8 @@ class Decision:
     casts, the recomputation.
     handle_bytes: device bytes the host copy keeps on the device until it is restored
     (`MachineModel.host_handle_bytes`; 0 for kinds that move nothing to the host).
-    in_branch: the consumers are conditionals, which take the host copy as their input and restore it in
-    their branches just before a branch reads it, one such copy at a time (`seqmem.edge.branch_restores`).
+    in_branch: the one consumer is a conditional, which takes the host copy as its input and restores it in
+    its branches just before a branch reads it, one such copy at a time (`seqmem.edge.branch_restores`).
     """
 
     tensor: TensorRef

@@ -30,6 +30,7 @@ under its own name cannot change, and another node may call the original.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
@@ -175,8 +176,8 @@ def _own_work(function: function_pb2.FunctionDef, starts: Sequence[str]) -> list
                     seen.add(after)
                     pending.append(after)
         reached.append(seen)
-    return [own - set().union(*(other for j, other in enumerate(reached) if j != i))
-            for i, own in enumerate(reached)]
+    reaching = Counter(name for seen in reached for name in seen)  # how many starts reach each node
+    return [{name for name in seen if reaching[name] == 1} for seen in reached]
 
 
 def _input_type(node: node_def_pb2.NodeDef) -> int:
