@@ -20,6 +20,7 @@ the two workers'.
     python -m models.zoo                    # every step, 3 optimized runs each
     python -m models.zoo --quick            # the quick subset at smaller batches, 1 run each
     python -m models.zoo --models resnet50,tfa_luong --runs 1
+    python -m models.zoo --models mobilenet_v3_small --runs 1 --grappler-off arithmetic_optimization
 """
 
 from __future__ import annotations
@@ -39,24 +40,33 @@ from models.zoo import jobs, workers
 from models.zoo.steps import STEPS
 
 _ARENA_MB = 4096  # the original's arena: room for any zoo step as written
+# Grappler's optimizers that `tf.config.optimizer.set_experimental_options` switches, by its names
+GRAPPLER_OPTIMIZERS = ("arithmetic_optimization", "constant_folding", "debug_stripper", "dependency_optimization",
+                       "function_optimization", "implementation_selector", "layout_optimizer", "loop_optimization",
+                       "pin_to_host_optimization", "remapping", "shape_optimization")
 _TIMEOUT_S = 900.0
 
 
-def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB) -> dict:
+def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB,
+              grappler_off: tuple[str, ...] = ()) -> dict:
     """Both jobs for one zoo model: {"original": its result or verdict, "budget_mb", "optimized": [each run's
     result or verdict]}. A verdict is {"verdict": ..., "message": ...}. The data-parallel steps
-    (`models.zoo.workers.STEPS`) run as two worker processes each, at their own batch."""
+    (`models.zoo.workers.STEPS`) run as two worker processes each, at their own batch. grappler_off: Grappler
+    optimizers switched off in both jobs (`jobs.original`); not for the data-parallel steps."""
     if name in workers.STEPS:
+        if grappler_off:
+            raise ValueError(f"grappler_off is not supported for the data-parallel step {name!r}")
         return workers.run_model(name, fraction, runs, steps, arena_mb)
-    original = _value(run_with_budget(jobs.original, name, batch, steps, budget_mb=arena_mb, timeout_s=_TIMEOUT_S,
-                                      stall_s=PROBE_STALL_S))
+    original = _value(run_with_budget(jobs.original, name, batch, steps, grappler_off, budget_mb=arena_mb,
+                                      timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S))
     row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
     if "verdict" in original:
         return row
     budget_mb = math.floor(fraction * original["peak_bytes"] / MIB)
     row["budget_mb"] = budget_mb
-    row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, budget_mb=budget_mb,
-                                               timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S)) for _ in range(runs)]
+    row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, grappler_off,
+                                               budget_mb=budget_mb, timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S))
+                        for _ in range(runs)]
     return row
 
 
@@ -164,7 +174,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="optimized runs per model, each a fresh process (default 3; 1 quick)")
     parser.add_argument("--steps", type=_positive_int, default=3, help="training calls per run")
     parser.add_argument("--out", default="zoo-output", help="folder for zoo.json and zoo.md")
+    parser.add_argument("--grappler-off", default="", metavar="NAMES",
+                        help="comma-separated Grappler optimizers to switch off in both jobs, to find one that "
+                             f"changes values ({', '.join(GRAPPLER_OPTIMIZERS)})")
     args = parser.parse_args(argv)
+    grappler_off = tuple(name for name in args.grappler_off.split(",") if name)
+    unknown_optimizers = [name for name in grappler_off if name not in GRAPPLER_OPTIMIZERS]
+    if unknown_optimizers:
+        parser.error(f"unknown Grappler optimizers {', '.join(unknown_optimizers)}; "
+                     f"expected some of {', '.join(GRAPPLER_OPTIMIZERS)}")
     if not 0 < args.fraction <= 1:
         parser.error(f"--fraction must be in (0, 1], got {args.fraction}")
     every = [*STEPS, *workers.STEPS]
@@ -174,12 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in every]
     if unknown:
         parser.error(f"unknown models {', '.join(unknown)}; the zoo has {', '.join(every)}")
+    if grappler_off and any(name in workers.STEPS for name in names):
+        parser.error("--grappler-off is for the single-process steps; name them with --models")
     runs = args.runs or (1 if args.quick else 3)
     rows = []
     for name in names:
         model = STEPS.get(name)
         batch = model and (model.quick_batch if args.quick and model.quick_batch else model.batch)
-        rows.append(run_model(name, batch, args.fraction, runs, args.steps))
+        rows.append(run_model(name, batch, args.fraction, runs, args.steps, grappler_off=grappler_off))
         print(_markdown_row(rows[-1], runs), flush=True)
     os.makedirs(args.out, exist_ok=True)
     write_json({"args": vars(args), "rows": rows}, os.path.join(args.out, "zoo.json"))

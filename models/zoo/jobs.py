@@ -17,12 +17,13 @@ __all__ = ["arrival_sums", "digest", "loss_found", "optimized", "optimized_step"
            "trained"]
 
 
-def original(name: str, batch: int, steps: int) -> dict[str, Any]:
+def original(name: str, batch: int, steps: int, grappler_off: tuple[str, ...] = ()) -> dict[str, Any]:
     """Train zoo step `name` at `batch` as written: `predicted`'s fields, then `trained`'s, and the sums its
-    graph adds as their terms arrive (`arrival_sums`)."""
+    graph adds as their terms arrive (`arrival_sums`). grappler_off: Grappler optimizers switched off in this
+    process (`tf.config.optimizer.set_experimental_options` names)."""
     from tensorflow.python.eager import context
 
-    built = _built(name, batch)
+    built = _built(name, batch, grappler_off)
     fields = predicted(built)
     context.enable_graph_collection()  # the graphs TensorFlow runs, collected as it instantiates the step
     try:
@@ -33,10 +34,11 @@ def original(name: str, batch: int, steps: int) -> dict[str, Any]:
     return fields
 
 
-def optimized(name: str, batch: int, budget_mb: int, steps: int) -> dict[str, Any]:
+def optimized(name: str, batch: int, budget_mb: int, steps: int,
+              grappler_off: tuple[str, ...] = ()) -> dict[str, Any]:
     """Train zoo step `name` at `batch` through `seqmem.optimize`: `optimized_step`'s fields, then
-    `trained`'s; only the former when no plan fits the budget."""
-    step, fields = optimized_step(_built(name, batch), budget_mb)
+    `trained`'s; only the former when no plan fits the budget. grappler_off: as `original`'s."""
+    step, fields = optimized_step(_built(name, batch, grappler_off), budget_mb)
     return fields if step is None else {**fields, **trained(step, steps)}
 
 
@@ -88,12 +90,14 @@ def _floor_fields(floor) -> dict[str, Any] | None:
             "held_bytes": floor.held_bytes, "largest_held": held}
 
 
-def _built(name: str, batch: int):
+def _built(name: str, batch: int, grappler_off: tuple[str, ...] = ()):
     import tensorflow as tf
 
     from models.zoo.steps import STEPS
 
     tf.config.experimental.enable_op_determinism()
+    if grappler_off:
+        tf.config.optimizer.set_experimental_options({optimizer: False for optimizer in grappler_off})
     return STEPS[name].build(batch)
 
 

@@ -1,9 +1,11 @@
 """Running a step's graph as TensorFlow holds it, rewritten or pruned, with the step's own inputs and variables.
 
 A rewritten graph runs without Grappler's memory optimizer. Where TensorFlow
-estimates a graph's peak above half the device's memory, that optimizer turns
-an `AddN` of more than two gradients into a temporary variable that each
-gradient is added to as it arrives (`SchedulingPass`, memory_optimizer.cc):
+estimates a graph's peak above 80% of the device's memory as the device's
+attributes state it (256 MB for a CPU device, whatever its allocator's limit),
+that optimizer turns an `AddN` of more than two inputs live at that peak into a
+temporary variable that each input is added to as it arrives (`SchedulingPass`,
+memory_optimizer.cc):
 the sum then depends on the order the executor runs their producers in, which
 a pinned order changes by design, and its buffers are not the ones seqmem's
 plan accounts for. Without it, every `AddN` sums its inputs in graph order.

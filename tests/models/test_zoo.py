@@ -135,3 +135,16 @@ def test_a_worker_probe_fails_as_its_workers_did(results, raised, monkeypatch):
         assert type(error.value).__name__ == raised
     (args, kwargs), = calls
     assert args[:5] == ("small_cnn", 8, 64, 64 if raised is None else None, 2) and kwargs == {"workers": 2}
+
+
+def test_grappler_off_names_only_grappler_optimizers_and_only_single_process_steps(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        zoo.main(["--models", "mobilenet_v2", "--grappler-off", "arithmetic_optimization,folding"])
+    assert stopped.value.code == 2
+    assert "unknown Grappler optimizers folding; expected some of arithmetic_optimization" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        zoo.main(["--models", "mobilenet_v2_2_workers", "--grappler-off", "arithmetic_optimization"])
+    assert stopped.value.code == 2
+    assert "--grappler-off is for the single-process steps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not supported for the data-parallel step"):
+        zoo.run_model("mobilenet_v2_2_workers", 4, 0.7, 1, 1, grappler_off=("remapping",))
