@@ -40,11 +40,11 @@ from models.zoo import jobs, workers
 from models.zoo.steps import STEPS
 
 _ARENA_MB = 4096  # the original's arena: room for any zoo step as written
+_TIMEOUT_S = 900.0
 # Grappler's optimizers that `tf.config.optimizer.set_experimental_options` switches, by its names
 GRAPPLER_OPTIMIZERS = ("arithmetic_optimization", "constant_folding", "debug_stripper", "dependency_optimization",
                        "function_optimization", "implementation_selector", "layout_optimizer", "loop_optimization",
                        "pin_to_host_optimization", "remapping", "shape_optimization")
-_TIMEOUT_S = 900.0
 
 
 def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB,
