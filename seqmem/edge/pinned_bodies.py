@@ -22,8 +22,8 @@ iteration's nodes, not iterations.
 
 Left out of the chain are the nodes TensorFlow's graph optimizer rewrites in
 the unpinned step, where a control edge would stop it (`left_to_grappler`):
-identities, which it removes, and trees of sums, which it collapses into one
-sum of their inputs ordered by name. Chained, a plan swapping some of the NMT
+identities, which it removes, and the sums and products it regroups
+(`seqmem.ir.regrouped`). Chained, a plan swapping some of the NMT
 step's decoder lists summed a gradient iteration's terms in another order and
 trained up to 4.5e-8 apart from the original.
 
@@ -41,7 +41,8 @@ from tensorflow.core.framework import function_pb2, graph_pb2
 
 from seqmem.edge import capture, library
 from seqmem.edge.bodies import iteration_order, sized_bodies
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS, SUM_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS
+from seqmem.ir.regrouped import regrouped_nodes
 
 __all__ = ["left_to_grappler", "pin_loop_bodies"]
 
@@ -107,18 +108,13 @@ def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
 def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
     """The nodes of `function` a control edge would keep TensorFlow's graph optimizer from rewriting as it
     rewrites the unpinned step, changing what the step computes: its identities, which it removes (a sum's
-    inputs are ordered by their names, and a removed identity's input has another), and the sums it
-    collapses into one (`SUM_OPS` nodes whose only reader is another, and that reader): summed in another
-    order, the NMT step's gradient iteration no longer trained bit-identically."""
+    inputs are ordered by their names, and a removed identity's input has another), and the arithmetic it
+    regroups (`ir.regrouped`): summed in another order, the NMT step's gradient iteration no longer
+    trained bit-identically."""
     readers: dict[str, list[str]] = {}
     for node in function.node_def:
         for name in node.input:
             if not name.startswith("^"):
                 readers.setdefault(name.split(":")[0], []).append(node.name)
-    by_name = {node.name: node for node in function.node_def}
-    left_out = {node.name for node in function.node_def if node.op in REMOVED_IDENTITY_OPS}
-    for node in function.node_def:
-        consumers = readers.get(node.name, [])
-        if node.op in SUM_OPS and len(consumers) == 1 and by_name[consumers[0]].op in SUM_OPS:
-            left_out |= {node.name, consumers[0]}
-    return left_out
+    regrouped = regrouped_nodes({node.name: node.op for node in function.node_def}, readers)
+    return {node.name for node in function.node_def if node.op in REMOVED_IDENTITY_OPS} | regrouped

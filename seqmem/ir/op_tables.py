@@ -33,6 +33,7 @@ __all__ = [
     "NEVER_FOLDED_OPS",
     "PASSTHROUGH_IDENTITY_OPS",
     "PERSISTENT_OPS",
+    "PRODUCT_OPS",
     "RECOMPUTABLE_OPS",
     "REMOVED_IDENTITY_OPS",
     "SHAPE_OPS",
@@ -302,11 +303,17 @@ PASSTHROUGH_IDENTITY_OPS = frozenset([
 REMOVED_IDENTITY_OPS = frozenset([
     "Identity",
 ])
-# Sums Grappler may collapse into one AddN when one feeds the other alone (`edge.pinned_bodies`).
+# Sums and products Grappler regroups where one is read by another of its kind alone (`ir.regrouped`).
 SUM_OPS = frozenset([
     "Add",
     "AddN",
     "AddV2",
+    "Sub",
+])
+PRODUCT_OPS = frozenset([
+    "Div",
+    "Mul",
+    "RealDiv",
 ])
 
 # Constants as Grappler's constant folding sees them (`edge.folded_constants`): constant ops; ops that are

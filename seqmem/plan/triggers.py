@@ -10,6 +10,8 @@ order that order is the one: a trigger earlier in some other topological order
 but later in the pinned one would make the pinned chain and the swap-in wait for
 each other.
 
+No node Grappler's arithmetic optimizer regroups is a trigger (`ir.regrouped`).
+
 A restore asked to come as late as possible takes the last backward node before its first
 consumer in that order (`last_before`). Estimated completion times come from an ASAP
 schedule, and on a pinned step two backward nodes that could start together run one after
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
+from seqmem.ir.regrouped import regrouped_in
 
 __all__ = ["TriggerIndex"]
 
@@ -42,7 +45,8 @@ class TriggerIndex:
                  position: Mapping[str, int] | None = None) -> None:
         """position: each node's place in the order the step runs in (a schedule or a pinned order, every
         node of `graph`); the graph's topological order when None."""
-        backward = list(backward)  # read twice below
+        regrouped = regrouped_in(graph)  # a trigger drives a control edge, which would keep Grappler from them
+        backward = [name for name in backward if name not in regrouped]  # read twice below
         self._position = position if position is not None else {
             name: i for i, name in enumerate(graph.topological_order())}
         self._timing = timing

@@ -38,9 +38,9 @@ from seqmem.rewrite.pin import pin
 from seqmem.decisions.kinds import Compress, CompressAndSwap, Recompute
 from seqmem.decisions.plan import Decision, Plan
 
-__all__ = ["SwapBackend", "rewrite", "SWAP_SCOPE"]
+__all__ = ["SwapBackend", "rewrite", "SWAP_MARK"]
 
-SWAP_SCOPE = "seqmem_swap"
+SWAP_MARK = "seqmem_swap"  # in the name of every node a decision adds (`_decision_name`)
 
 
 class SwapBackend(Protocol):
@@ -76,7 +76,7 @@ def rewrite(graph: Graph, plan: Plan, backend: SwapBackend) -> Graph:
     pinned_position = {name: i for i, name in enumerate(plan.pinned_order)}
     for number, decision in enumerate(plan.decisions):
         ref = decision.tensor
-        base = f"{SWAP_SCOPE}/{number}_{ref.node.replace('/', '_')}_{ref.index}"
+        base = _decision_name(ref, number)
         if isinstance(decision.kind, Recompute):
             out_nodes, in_nodes = [], _recomputed(graph, decision, base)
             restored = TensorRef(in_nodes[-1].name, ref.index)
@@ -99,6 +99,19 @@ def rewrite(graph: Graph, plan: Plan, backend: SwapBackend) -> Graph:
     if not plan.pinned_order:
         return rewritten
     return pin(rewritten, [n for name in plan.pinned_order for n in (name, *placed_after.get(name, ()))])
+
+
+def _decision_name(ref: TensorRef, number: int) -> str:
+    """The name the nodes of decision `number` (conserving `ref`) start with: `ref`'s node's, then a mark.
+
+    Grappler sorts a commutative op's inputs by name before it regroups sums and
+    products (`ir.regrouped`), so a copy that replaces `ref` as an input must
+    sort where `ref` did, or the rewritten step rounds otherwise than the
+    original: after `node`, the mark begins with "-", the first of the
+    characters a node name may hold; after `node:1`, with ">", the first one
+    after ":".
+    """
+    return f"{ref.node}{'-' if ref.index == 0 else '>'}{SWAP_MARK}{number}_{ref.index}"
 
 
 def _conserved(graph: Graph, decision: Decision, base: str, backend: SwapBackend,

@@ -27,14 +27,14 @@ from seqmem.runtime.workers import Workers, failure_line
 from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS
 from seqmem.decisions.plan import Plan
-from seqmem.rewrite.conservations import SWAP_SCOPE, SwapBackend
+from seqmem.rewrite.conservations import SWAP_MARK, SwapBackend
 from seqmem.units import MIB
 
 __all__ = ["OptimizedStep", "build_step"]
 
 # a swap-in's ParseTensor, in the step (`seqmem.rewrite.conservations`) or in a loop body (`seqmem.edge.loop_swap`)
 _PARSE_FAILED = re.compile(r"Cannot parse tensor from proto:.*\[\[\{\{node ([^}]*(?:"
-                           + SWAP_SCOPE + r"/[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
+                           + SWAP_MARK + r"[^}]*/parse|/seqmem_parse))\}\}\]\]", re.DOTALL)
 _FAILED_NODE = re.compile(r"\[\[(?:\{\{node )?([^\]{}]+)(?:\}\})?\]\]")  # [[{{node a}}]], [[a]]: the node, its callers
 
 _log = logging.getLogger(__name__)

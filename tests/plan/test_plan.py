@@ -109,7 +109,7 @@ def test_gradients_waiting_for_a_join_are_swapped_until_it_runs():
     assert fitting.feasible and fitting.decisions[0].tensor == TensorRef("f1")
     rewritten = rewrite(g, plan, IdentityBackend())
     rewritten.topological_order()  # acyclic
-    assert any(ref.node.startswith("seqmem_swap/") for ref in rewritten.node("join").inputs)
+    assert any("seqmem_swap" in ref.node for ref in rewritten.node("join").inputs)
 
 
 def test_a_floor_counts_a_restored_input_as_the_ops_own():
@@ -277,7 +277,7 @@ def test_random_plans_are_acyclic_deterministic_and_honest(case):
     for decision in plan.decisions:
         for consumer in decision.consumers:
             # the rerouted reader reads a copy of exactly the swapped tensor
-            copy = new.node(next(r.node for r in new.node(consumer).inputs if r.node.startswith("seqmem_swap")))
+            copy = new.node(next(r.node for r in new.node(consumer).inputs if "seqmem_swap" in r.node))
             assert new.node(copy.inputs[0].node).inputs[0] == decision.tensor
 
 

@@ -66,9 +66,9 @@ def test_a_pinned_plan_runs_each_swap_out_after_its_producer_and_each_swap_in_af
     # chain: f1, out, f2, loss, g2, in, g1, update (x, w and ones are free)
     control = {name: node.control_inputs for name, node in rewritten.nodes.items() if node.control_inputs}
     assert control == {
-        "f2": ("seqmem_swap/0_f1_0/out",),
+        "f2": ("f1-seqmem_swap0_0/out",),
         "gradient_tape/g2": ("loss",),
-        "seqmem_swap/0_f1_0/in": ("gradient_tape/g2",),  # its trigger, which is also the one before it
+        "f1-seqmem_swap0_0/in": ("gradient_tape/g2",),  # its trigger, which is also the one before it
     }
 
 
@@ -76,3 +76,13 @@ def test_a_plan_without_swaps_is_still_pinned():
     plan = Plan(10_000, 10_000, 5000, 5000, pinned_order=_ORDER)
     rewritten = rewrite(training_graph(), plan, IdentityBackend())
     assert rewritten.node("gradient_tape/g2").control_inputs == ("loss",)
+
+
+def test_products_grappler_regroups_stay_free():
+    # (g * x) * c: a control edge on either product keeps Grappler from regrouping them as in the original
+    g = graph(node("x", "Placeholder"), node("g", "MatMul", ["x"]), node("c", "Const"), node("h", "MatMul", ["x"]),
+              node("inner", "Mul", ["g", "x"]), node("outer", "Mul", ["inner", "c"]))
+    pinned = pin(g, ["x", "c", "g", "h", "inner", "outer"])
+    assert pinned.node("h").control_inputs == ("g",)
+    assert pinned.node("inner").control_inputs == () and pinned.node("outer").control_inputs == ()
+

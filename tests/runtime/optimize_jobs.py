@@ -135,7 +135,7 @@ def host_device_backend_equivalence():
         step = _optimized_below_its_peak(copy, backend=HostDeviceBackend("/device:CPU:0", "/device:CPU:1"))
         losses = [float(original.step(*args)) for _ in range(2)]
         optimized = [float(step(*args)) for _ in range(2)]
-    host_nodes = [n.device for n in step.graph_def.node if n.name.startswith("seqmem_swap") and n.name.endswith("/out")]
+    host_nodes = [n.device for n in step.graph_def.node if "seqmem_swap" in n.name and n.name.endswith("/out")]
     return len(step.plan.decisions), losses == optimized, sorted(set(host_nodes))
 
 
@@ -289,3 +289,47 @@ def loss_scaled_equivalence(batch, fraction, steps=3):
     original_peaks = [peak - left_by_optimized for peak in step_peaks(original, args, model.variables, 2)]
     return (sum(d.in_branch for d in optimized.plan.decisions), peaks, original_peaks, losses == optimized_losses,
             same_weights)
+
+
+def hard_swish_equivalence(batch, fraction, steps=3):
+    """A CNN whose activation is hard swish as Keras MobileNetV3 writes it, x * (relu6(x + 3) * (1 / 6)), whose
+    gradient's products Grappler regroups, optimized without calibration for `fraction` of its predicted peak vs
+    the original, same initial weights: (decisions, the plan pinned an order, losses equal, variables equal)."""
+    import tensorflow as tf
+
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        images = tf.keras.Input([32, 32, 3])
+        x = images
+        for filters in (16, 16, 32, 32):
+            x = tf.keras.layers.Conv2D(filters, 3, padding="same")(x)
+            x = tf.keras.layers.Multiply()([x, tf.nn.relu6(x + 3.0) * (1.0 / 6.0)])
+        model = tf.keras.Model(images, tf.keras.layers.Dense(10)(tf.keras.layers.GlobalAveragePooling2D()(x)))
+        optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return model.variables + optimizer.variables, step
+
+    rng = np.random.default_rng(0)
+    args = (tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, [batch]).astype(np.int32)))
+    variables, original = build()
+    losses = [float(original(*args)) for _ in range(steps)]
+    copy, step = build()
+    before = optimize(step, 1e6, sample_inputs=args, calibrate=False).plan.predicted_peak_before_bytes
+    optimized = optimize(step, fraction * before / (1 << 20), sample_inputs=args, safety_margin=0.0,
+                         calibrate=False)
+    optimized_losses = [float(optimized(*args)) for _ in range(steps)]
+    same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(variables, copy))
+    return len(optimized.plan.decisions), bool(optimized.plan.pinned_order), losses == optimized_losses, same_variables

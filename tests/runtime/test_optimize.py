@@ -190,12 +190,12 @@ def test_a_swap_in_that_cannot_allocate_is_reported_as_out_of_memory():
 
     def parse_fails(*args):
         raise tf.errors.InvalidArgumentError(None, None, "Cannot parse tensor from proto: dtype: DT_HALF\n"
-                                             'tensor_content: "\\000\\001"\n\t [[{{node seqmem/seqmem_swap/6_add_0/in/'
+                                             'tensor_content: "\\000\\001"\n\t [[{{node seqmem/add-seqmem_swap6_0/in/'
                                              "parse}}]] [Op:__inference_wrapped_function_61]")
 
     step._run = parse_fails
     with pytest.raises(tf.errors.ResourceExhaustedError,
-                       match=r"OOM restoring a swapped tensor in seqmem/seqmem_swap/6_add_0/in/parse .*\n"
+                       match=r"OOM restoring a swapped tensor in seqmem/add-seqmem_swap6_0/in/parse .*\n"
                              r"seqmem: the plan predicted a peak of 90.0 MB for a budget of 100.0 MB"):
         step()
 
@@ -368,6 +368,16 @@ def test_a_step_with_dropout_and_a_generator_draws_what_the_original_draws_after
     assert run.ok, run.message
     calibrated, same_losses, same_variables = run.value
     assert calibrated and same_losses and same_variables
+
+
+@pytest.mark.device
+def test_a_pinned_step_rounds_hard_swish_gradients_as_the_original():
+    # Grappler regroups (g * x) * (1 / 6) in the original; a control edge on either product, or a restore that
+    # sorts elsewhere among a product's inputs, made it round them otherwise
+    run = run_with_budget(optimize_jobs.hard_swish_equivalence, 32, 0.85, budget_mb=1024)
+    assert run.ok, run.message
+    decisions, pinned, same_losses, same_variables = run.value
+    assert decisions and pinned and same_losses and same_variables
 
 
 class _PlannerWithoutRoom:

@@ -1,0 +1,53 @@
+"""The nodes Grappler's graph optimizer regroups, as long as no control edge touches them.
+
+Three of its rewrites change how a chain of arithmetic rounds: the arithmetic
+optimizer's AddOpsRewrite collapses a tree of sums, each read by the next
+alone, into one AddN of their inputs; its MinimizeBroadcasts re-associates a
+chain of one binary op so that the smallest operands meet first; constant
+folding's ConstantPushDown moves a constant from a sum or product down into
+the sum or product it reads alone. A control edge into or out of either node
+of such a pair changes what they do: AddOpsRewrite and MinimizeBroadcasts skip
+a node with one, and Keras MobileNetV3's hard-swish gradient (g * x) * c,
+rounded as g * (c * x) in the original, was rounded as (c * g) * x once its
+outer product waited for another node.
+
+So a pair of sums (`SUM_OPS`) or of products (`PRODUCT_OPS`), the first read by
+the second alone, gets no control edge from seqmem: both run when the executor
+reaches them, as in the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from seqmem.ir.graph import Graph
+from seqmem.ir.op_tables import PRODUCT_OPS, SUM_OPS
+
+__all__ = ["regrouped_in", "regrouped_nodes"]
+
+
+def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """The nodes of a graph that Grappler may regroup (module docstring).
+
+    ops: each node's op type, by name; readers: the nodes reading each node's
+    outputs by data edges, one entry per edge (a node read twice by one reader
+    has two readers, as Grappler counts them).
+    """
+    regrouped: set[str] = set()
+    for name, op in ops.items():
+        reading = readers.get(name, ())
+        if len(reading) != 1:
+            continue
+        (reader,) = reading
+        if any(op in kind and ops[reader] in kind for kind in (SUM_OPS, PRODUCT_OPS)):
+            regrouped |= {name, reader}
+    return frozenset(regrouped)
+
+
+def regrouped_in(graph: Graph) -> frozenset[str]:
+    """`regrouped_nodes` of a seqmem `Graph`."""
+    readers: dict[str, list[str]] = {}
+    for node in graph.nodes.values():
+        for ref in node.inputs:
+            readers.setdefault(ref.node, []).append(node.name)
+    return regrouped_nodes({name: node.op for name, node in graph.nodes.items()}, readers)
