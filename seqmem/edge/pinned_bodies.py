@@ -22,7 +22,7 @@ iteration's nodes, not iterations.
 
 Left out of the chain are the nodes TensorFlow's graph optimizer rewrites in
 the unpinned step, where a control edge would stop it (`left_to_grappler`):
-identities, which it removes, and the sums and products it regroups
+identities, which it removes, and the trees of sums it regroups
 (`seqmem.ir.regrouped`). Chained, a plan swapping some of the NMT
 step's decoder lists summed a gradient iteration's terms in another order and
 trained up to 4.5e-8 apart from the original.
@@ -41,7 +41,7 @@ from tensorflow.core.framework import function_pb2, graph_pb2
 
 from seqmem.edge import capture, library
 from seqmem.edge.bodies import iteration_order, sized_bodies
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS, SUM_OPS
 from seqmem.ir.regrouped import regrouped_nodes
 
 __all__ = ["left_to_grappler", "pin_loop_bodies"]
@@ -108,7 +108,7 @@ def _chain(function: function_pb2.FunctionDef, order: tuple[str, ...]) -> bool:
 def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
     """The nodes of `function` a control edge would keep TensorFlow's graph optimizer from rewriting as it
     rewrites the unpinned step, changing what the step computes: its identities, which it removes (a sum's
-    inputs are ordered by their names, and a removed identity's input has another), and the arithmetic it
+    inputs are ordered by their names, and a removed identity's input has another), and the sums it
     regroups (`ir.regrouped`): summed in another order, the NMT step's gradient iteration no longer
     trained bit-identically."""
     readers: dict[str, list[str]] = {}
@@ -116,5 +116,5 @@ def left_to_grappler(function: function_pb2.FunctionDef) -> set[str]:
         for name in node.input:
             if not name.startswith("^"):
                 readers.setdefault(name.split(":")[0], []).append(node.name)
-    regrouped = regrouped_nodes({node.name: node.op for node in function.node_def}, readers)
+    regrouped = regrouped_nodes({node.name: node.op for node in function.node_def}, readers, (SUM_OPS,))
     return {node.name for node in function.node_def if node.op in REMOVED_IDENTITY_OPS} | regrouped

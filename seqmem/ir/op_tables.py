@@ -308,7 +308,6 @@ SUM_OPS = frozenset([
     "Add",
     "AddN",
     "AddV2",
-    "Sub",
 ])
 PRODUCT_OPS = frozenset([
     "Div",

@@ -11,23 +11,29 @@ a node with one, and Keras MobileNetV3's hard-swish gradient (g * x) * c,
 rounded as g * (c * x) in the original, was rounded as (c * g) * x once its
 outer product waited for another node.
 
-So a pair of sums (`SUM_OPS`) or of products (`PRODUCT_OPS`), the first read by
-the second alone, gets no control edge from seqmem: both run when the executor
-reaches them, as in the original.
+A pinned step leaves pairs of products (`PRODUCT_OPS`) unchained
+(`regrouped_products`) and chains pairs of sums: a left-deep tree of sums
+collapsed into one AddN adds in the same order, and the zoo's steps train bit
+for bit with them chained. A pinned loop body leaves its sums free and chains
+its products (`seqmem.edge.pinned_bodies`): there a chained sum changed the
+NMT step's gradient, and free products in a Keras LSTM's body took the zoo's
+stacked LSTM LM over its budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import PRODUCT_OPS, SUM_OPS
+from seqmem.ir.op_tables import PRODUCT_OPS
 
-__all__ = ["regrouped_in", "regrouped_nodes"]
+__all__ = ["regrouped_nodes", "regrouped_products"]
 
 
-def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]]) -> frozenset[str]:
-    """The nodes of a graph that Grappler may regroup (module docstring).
+def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]],
+                    kinds: Sequence[Collection[str]]) -> frozenset[str]:
+    """The nodes of a graph in a pair Grappler may regroup: a node of one of `kinds` (op types) whose one
+    reader is of the same kind, and that reader (module docstring).
 
     ops: each node's op type, by name; readers: the nodes reading each node's
     outputs by data edges, one entry per edge (a node read twice by one reader
@@ -39,15 +45,15 @@ def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]]
         if len(reading) != 1:
             continue
         (reader,) = reading
-        if any(op in kind and ops[reader] in kind for kind in (SUM_OPS, PRODUCT_OPS)):
+        if any(op in kind and ops[reader] in kind for kind in kinds):
             regrouped |= {name, reader}
     return frozenset(regrouped)
 
 
-def regrouped_in(graph: Graph) -> frozenset[str]:
-    """`regrouped_nodes` of a seqmem `Graph`."""
+def regrouped_products(graph: Graph) -> frozenset[str]:
+    """The pairs of products of a seqmem `Graph` that Grappler may regroup (`regrouped_nodes`)."""
     readers: dict[str, list[str]] = {}
     for node in graph.nodes.values():
         for ref in node.inputs:
             readers.setdefault(ref.node, []).append(node.name)
-    return regrouped_nodes({name: node.op for name, node in graph.nodes.items()}, readers)
+    return regrouped_nodes({name: node.op for name, node in graph.nodes.items()}, readers, (PRODUCT_OPS,))

@@ -19,7 +19,7 @@ from typing import Optional
 from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
 from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, STEP_ARGUMENT_OPS, TF1_CONTROL_FLOW_OPS
-from seqmem.ir.regrouped import regrouped_in
+from seqmem.ir.regrouped import regrouped_products
 
 __all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "pinned_nodes", "pinned_order", "schedule"]
 
@@ -69,8 +69,8 @@ def pinned_nodes(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
     """The nodes of `order` that a pinned step chains, in that order: those that allocate, which is all but
     `INLINE_OPS`, plus the variable reads that copy (`TensorInfo.copies_input`; left free, the executor
     would run such a read at the start of the step and hold its copy until its reader runs), less the
-    arithmetic Grappler regroups where no control edge touches it (`ir.regrouped`)."""
-    regrouped = regrouped_in(graph)
+    products Grappler regroups where no control edge touches them (`ir.regrouped`)."""
+    regrouped = regrouped_products(graph)
     return tuple(name for name in order if name not in regrouped and (
         graph.node(name).op not in INLINE_OPS or any(info.copies_input for info in graph.node(name).outputs)))
 

@@ -1,4 +1,5 @@
-from seqmem.ir.regrouped import regrouped_in, regrouped_nodes
+from seqmem.ir.op_tables import PRODUCT_OPS, SUM_OPS
+from seqmem.ir.regrouped import regrouped_nodes, regrouped_products
 from tests.builders import graph, node
 
 
@@ -7,10 +8,11 @@ def test_a_sum_or_product_read_alone_by_one_of_its_kind_is_regrouped_with_its_re
            "diff": "Sub", "ratio": "RealDiv", "exp": "Exp"}
     readers = {"x": ["inner", "shared", "shared"], "inner": ["outer"], "outer": ["sum"], "sum": ["total"],
                "shared": ["outer", "exp"], "diff": ["ratio"], "exp": ["diff"]}
-    # inner: a product read by a product alone; sum: by a sum; diff: a sum read by a product is not
-    assert regrouped_nodes(ops, readers) == {"inner", "outer", "sum", "total"}
+    # inner: a product read by a product alone; sum: by a sum; diff: a difference read by a product is not
+    assert regrouped_nodes(ops, readers, (SUM_OPS, PRODUCT_OPS)) == {"inner", "outer", "sum", "total"}
+    assert regrouped_nodes(ops, readers, (PRODUCT_OPS,)) == {"inner", "outer"}
 
 
 def test_a_node_read_twice_by_one_reader_is_not_regrouped():
     g = graph(node("x", "Placeholder"), node("square", "Mul", ["x", "x"]), node("twice", "Mul", ["square", "square"]))
-    assert regrouped_in(g) == frozenset()
+    assert regrouped_products(g) == frozenset()
