@@ -111,14 +111,16 @@ def conservation_candidates(analysis: StepAnalysis, trace: MemoryTrace, machine:
 
 def _held_tensors(graph: Graph, anatomy: StepAnatomy, trace: MemoryTrace, position: Mapping[str, int]
                   ) -> dict[TensorRef, tuple[str, ...]]:
-    """Backward tensors that wait on the device for a later reader, each with its readers after the widest
-    gap in the order between its producer and the readers of its contents (the readers it waits for), in
-    the order of their producers. A gradient waiting for a join is one: the concatenation a data-parallel
-    step's all-reduce packs every gradient into, `clip_by_global_norm`'s scaling after the norm of every
-    gradient, a loss-scale optimizer's update after the finite check of every gradient. A gap must hold a
-    node (a trigger for the restore). Of tensors sharing one buffer, only the one read last; graph outputs
-    (returned to the caller) and tensors in persistent buffers are not held."""
+    """Backward tensors that wait on the device for a later reader, each with its readers after the gap in
+    the order between its producer and the readers of its contents where the baseline `trace` holds the
+    most bytes (of those, the widest, then the first), in the order of their producers. A gradient waiting
+    for a join is one: the concatenation a data-parallel step's all-reduce packs every gradient into,
+    `clip_by_global_norm`'s scaling after the norm of every gradient, a loss-scale optimizer's update after
+    the finite check of every gradient. A gap must hold a node (a trigger for the restore). Of tensors
+    sharing one buffer, only the one read last; graph outputs (returned to the caller) and tensors in
+    persistent buffers are not held."""
     outputs = set(graph.outputs)
+    live = trace.busiest().tensor_live_bytes
     held: dict[TensorRef, tuple[str, ...]] = {}
     last_read: dict[TensorRef, tuple[int, TensorRef]] = {}  # by buffer: the tensor read last, and when
     for name in sorted(anatomy.backward, key=position.__getitem__):
@@ -132,13 +134,15 @@ def _held_tensors(graph: Graph, anatomy: StepAnatomy, trace: MemoryTrace, positi
             if not readers or ref in outputs:
                 continue
             points = [position[name]] + [position[r] for r in readers]
-            gap, split = max((points[i + 1] - points[i], -i) for i in range(len(readers)))
-            if gap < 2:
+            gaps = [i for i in range(len(readers)) if points[i + 1] - points[i] >= 2]  # gap i: before readers[i]
+            if not gaps:
                 continue
+            gap = gaps[0] if len(gaps) == 1 else max(gaps, key=lambda i: (
+                max(live[points[i] + 1:points[i + 1]]), points[i + 1] - points[i], -i))
             buffer = trace.buffer_of.get(ref, ref)
             if graph.node(buffer.node).persistent:
                 continue
-            held[ref] = tuple(readers[-split:])
+            held[ref] = tuple(readers[gap:])
             if buffer not in last_read or last_read[buffer][0] < points[-1]:
                 last_read[buffer] = (points[-1], ref)
     kept = {ref for _, ref in last_read.values()}
