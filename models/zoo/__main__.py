@@ -21,6 +21,7 @@ the two workers'.
     python -m models.zoo --quick            # the quick subset at smaller batches, 1 run each
     python -m models.zoo --models resnet50,tfa_luong --runs 1
     python -m models.zoo --models mobilenet_v3_small --runs 1 --grappler-off arithmetic_optimization
+    python -m models.zoo --models inception_v3 --runs 1 --original-runs 3   # does the original repeat itself?
 """
 
 from __future__ import annotations
@@ -48,20 +49,27 @@ GRAPPLER_OPTIMIZERS = ("arithmetic_optimization", "constant_folding", "debug_str
 
 
 def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB,
-              grappler_off: tuple[str, ...] = ()) -> dict:
+              grappler_off: tuple[str, ...] = (), original_runs: int = 1) -> dict:
     """Both jobs for one zoo model: {"original": its result or verdict, "budget_mb", "optimized": [each run's
-    result or verdict]}. A verdict is {"verdict": ..., "message": ...}. The data-parallel steps
-    (`models.zoo.workers.STEPS`) run as two worker processes each, at their own batch. grappler_off: Grappler
-    optimizers switched off in both jobs (`jobs.original`); not for the data-parallel steps."""
+    result or verdict]}, and with `original_runs` > 1 "original_again": the original's further fresh runs. A
+    verdict is {"verdict": ..., "message": ...}. The data-parallel steps (`models.zoo.workers.STEPS`) run as
+    two worker processes each, at their own batch. grappler_off: Grappler optimizers switched off in both
+    jobs (`jobs.original`); neither option is for the data-parallel steps."""
     if name in workers.STEPS:
-        if grappler_off:
-            raise ValueError(f"grappler_off is not supported for the data-parallel step {name!r}")
+        if grappler_off or original_runs > 1:
+            raise ValueError(f"grappler_off and original_runs are not supported for the data-parallel step {name!r}")
         return workers.run_model(name, fraction, runs, steps, arena_mb)
-    original = _value(run_with_budget(jobs.original, name, batch, steps, grappler_off, budget_mb=arena_mb,
+
+    def run_original() -> dict:
+        return _value(run_with_budget(jobs.original, name, batch, steps, grappler_off, budget_mb=arena_mb,
                                       timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S))
+
+    original = run_original()
     row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
     if "verdict" in original:
         return row
+    if original_runs > 1:
+        row["original_again"] = [run_original() for _ in range(original_runs - 1)]
     budget_mb = math.floor(fraction * original["peak_bytes"] / MIB)
     row["budget_mb"] = budget_mb
     row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, grappler_off,
@@ -111,7 +119,19 @@ def markdown(rows: list[dict], runs: int) -> str:
     if arrival:
         lines += ["", "Sums the original adds as their terms arrive (Grappler's memory optimizer; seqmem's step adds "
                       "them in graph order): " + "; ".join(arrival) + "."]
+    again = [f"{row['model']} {_same_as_original(row)}/{len(row['original_again'])}" for row in rows
+             if row.get("original_again")]
+    if again:
+        lines += ["", "Further fresh runs of the original whose losses and variables equal its first run's: "
+                      + "; ".join(again) + "."]
     return "\n".join(lines)
+
+
+def _same_as_original(row: dict) -> int:
+    """How many of the original's further runs trained to its first run's losses and variables."""
+    first = row["original"]
+    return sum(run.get("losses") == first.get("losses") and run.get("digest") == first.get("digest")
+               for run in row["original_again"])
 
 
 def _markdown_row(row: dict, runs: int) -> str:
@@ -173,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=_positive_int,
                         help="optimized runs per model, each a fresh process (default 3; 1 quick)")
     parser.add_argument("--steps", type=_positive_int, default=3, help="training calls per run")
+    parser.add_argument("--original-runs", type=_positive_int, default=1,
+                        help="fresh runs of each original (default 1); the others are compared with the first")
     parser.add_argument("--out", default="zoo-output", help="folder for zoo.json and zoo.md")
     parser.add_argument("--grappler-off", default="", metavar="NAMES",
                         help="comma-separated Grappler optimizers to switch off in both jobs, to find one that "
@@ -192,14 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in every]
     if unknown:
         parser.error(f"unknown models {', '.join(unknown)}; the zoo has {', '.join(every)}")
-    if grappler_off and any(name in workers.STEPS for name in names):
-        parser.error("--grappler-off is for the single-process steps; name them with --models")
+    single_process_only = [flag for flag, given in (("--grappler-off", grappler_off),
+                                                    ("--original-runs", args.original_runs > 1)) if given]
+    if single_process_only and any(name in workers.STEPS for name in names):
+        parser.error(f"{' and '.join(single_process_only)} is for the single-process steps; name them with --models")
     runs = args.runs or (1 if args.quick else 3)
     rows = []
     for name in names:
         model = STEPS.get(name)
         batch = model and (model.quick_batch if args.quick and model.quick_batch else model.batch)
-        rows.append(run_model(name, batch, args.fraction, runs, args.steps, grappler_off=grappler_off))
+        rows.append(run_model(name, batch, args.fraction, runs, args.steps, grappler_off=grappler_off,
+                              original_runs=args.original_runs))
         print(_markdown_row(rows[-1], runs), flush=True)
     os.makedirs(args.out, exist_ok=True)
     write_json({"args": vars(args), "rows": rows}, os.path.join(args.out, "zoo.json"))

@@ -5,20 +5,13 @@ import tensorflow as tf
 from seqmem.analyze.anatomy import analyze_step
 from seqmem.edge import capture
 from seqmem.ir.graph import TensorRef, view_source
+from tests.keras_steps import classifier_step
 
 
 def _mlp_step():
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input([6]), tf.keras.layers.Dense(5, activation="relu"), tf.keras.layers.Dense(3)])
-    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
+    step = classifier_step(model, tf.keras.optimizers.SGD(0.1, momentum=0.9))
     return step, (tf.TensorSpec([4, 6], tf.float32), tf.TensorSpec([4], tf.int32))
 
 

@@ -54,9 +54,23 @@ def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():
     assert zoo.markdown(rows, 1).splitlines()[-1].endswith("graph order): a (AddN_2).")
 
 
+def test_the_table_counts_the_originals_further_runs_that_repeat_its_first():
+    original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
+                "losses": [1.0], "digest": "d", "step_s": 1.0}
+    again = [dict(original), dict(original, losses=[1.5]), {"verdict": "oom", "message": ""}]
+    rows = [{"model": "a", "family": "f", "batch": 4, "budget_mb": 7, "original": original, "optimized": [],
+             "original_again": again}, {"model": "b", "family": "f", "batch": 4, "budget_mb": 7,
+                                        "original": original, "optimized": []}]
+    assert zoo.markdown(rows, 1).splitlines()[-1] == (
+        "Further fresh runs of the original whose losses and variables equal its first run's: a 1/3.")
+
+
 @pytest.mark.parametrize("argv, named", [(["--models", "resnet50,no_such_model"], "no_such_model"),
                                          (["--runs", "0"], "--runs"), (["--steps", "-1"], "--steps"),
-                                         (["--fraction", "1.5"], "--fraction")])
+                                         (["--fraction", "1.5"], "--fraction"),
+                                         (["--original-runs", "0"], "--original-runs"),
+                                         (["--models", "mobilenet_v2_2_workers", "--original-runs", "2"],
+                                          "--original-runs")])
 def test_bad_arguments_are_refused_before_anything_runs(argv, named, capsys, tmp_path):
     with pytest.raises(SystemExit):
         zoo.main(argv + ["--out", str(tmp_path / "zoo")])

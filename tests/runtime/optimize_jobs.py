@@ -298,6 +298,7 @@ def hard_swish_equivalence(batch, fraction, steps=3):
     import tensorflow as tf
 
     from seqmem.runtime.optimize import optimize
+    from tests.keras_steps import classifier_step
 
     tf.config.experimental.enable_op_determinism()
 
@@ -311,15 +312,7 @@ def hard_swish_equivalence(batch, fraction, steps=3):
         model = tf.keras.Model(images, tf.keras.layers.Dense(10)(tf.keras.layers.GlobalAveragePooling2D()(x)))
         optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
         optimizer.build(model.trainable_variables)
-
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
-            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-
-        return model.variables + optimizer.variables, step
+        return model.variables + optimizer.variables, classifier_step(model, optimizer)
 
     rng = np.random.default_rng(0)
     args = (tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32)),
