@@ -65,6 +65,23 @@ def test_the_table_counts_the_originals_further_runs_that_repeat_its_first():
         "Further fresh runs of the original whose losses and variables equal its first run's: a 1/3.")
 
 
+def test_the_original_runs_again_in_fresh_jobs_before_the_optimized_ones(monkeypatch):
+    from seqmem.runtime.device import BudgetRun
+
+    jobs_run = []
+    original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
+                "losses": [1.0], "digest": "d", "step_s": 1.0}
+
+    def run_with_budget(job, *args, budget_mb, **kwargs):
+        jobs_run.append((job.__name__, budget_mb))
+        return BudgetRun("ok", value=dict(original))
+
+    monkeypatch.setattr(zoo, "run_with_budget", run_with_budget)
+    row = zoo.run_model("resnet50", 4, 0.7, 1, 1, original_runs=3)
+    assert jobs_run == [("original", 4096)] * 3 + [("optimized", 7)]
+    assert zoo._same_as_original(row) == 2
+
+
 @pytest.mark.parametrize("argv, named", [(["--models", "resnet50,no_such_model"], "no_such_model"),
                                          (["--runs", "0"], "--runs"), (["--steps", "-1"], "--steps"),
                                          (["--fraction", "1.5"], "--fraction"),
