@@ -91,8 +91,7 @@ def verdicts(row: dict) -> dict[str, Any]:
     return {
         "loss_correct": bool(original.get("loss_correct")) and all(run.get("loss_correct") for run in trained),
         "within_budget": sum(run["peak_bytes"] <= budget for run in trained),
-        "bit_for_bit": sum(run["losses"] == original.get("losses") and run["digest"] == original.get("digest")
-                           for run in trained),
+        "bit_for_bit": sum(_trained_alike(run, original) for run in trained),
         "original_error": _error(original),
         "optimized_errors": [_error(run) for run in trained],
     }
@@ -129,9 +128,12 @@ def markdown(rows: list[dict], runs: int) -> str:
 
 def _same_as_original(row: dict) -> int:
     """How many of the original's further runs trained to its first run's losses and variables."""
-    first = row["original"]
-    return sum(run.get("losses") == first.get("losses") and run.get("digest") == first.get("digest")
-               for run in row["original_again"])
+    return sum(_trained_alike(run, row["original"]) for run in row["original_again"])
+
+
+def _trained_alike(run: dict, original: dict) -> bool:
+    """Whether `run` trained to `original`'s losses and variables (a run that did not train did not)."""
+    return "losses" in run and run["losses"] == original.get("losses") and run.get("digest") == original.get("digest")
 
 
 def _markdown_row(row: dict, runs: int) -> str:
