@@ -15,11 +15,13 @@ and op determinism, each job in a fresh process:
 
 The data-parallel step (`models.zoo.workers`) runs the same way as two
 `MultiWorkerMirroredStrategy` worker processes; its peaks are the higher of
-the two workers'.
+the two workers'. Arenas grow as TensorFlow's CPU arena does, or with
+`--reserved-arena` are reserved up front, as a GPU's is by default.
 
     python -m models.zoo                    # every step, 3 optimized runs each
     python -m models.zoo --quick            # the quick subset at smaller batches, 1 run each
     python -m models.zoo --models resnet50,tfa_luong --runs 1
+    python -m models.zoo --reserved-arena   # every arena reserved up front, as a GPU's
     python -m models.zoo --models mobilenet_v3_small --runs 1 --grappler-off arithmetic_optimization
     python -m models.zoo --models inception_v3 --runs 1 --original-runs 3   # does the original repeat itself?
 """
@@ -49,20 +51,21 @@ GRAPPLER_OPTIMIZERS = ("arithmetic_optimization", "constant_folding", "debug_str
 
 
 def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, arena_mb: int = _ARENA_MB,
-              grappler_off: tuple[str, ...] = (), original_runs: int = 1) -> dict:
+              grappler_off: tuple[str, ...] = (), original_runs: int = 1, reserved_arena: bool = False) -> dict:
     """Both jobs for one zoo model: {"original": its result or verdict, "budget_mb", "optimized": [each run's
     result or verdict]}, and with `original_runs` > 1 "original_again": the original's further fresh runs. A
     verdict is {"verdict": ..., "message": ...}. The data-parallel steps (`models.zoo.workers.STEPS`) run as
     two worker processes each, at their own batch. grappler_off: Grappler optimizers switched off in both
-    jobs (`jobs.original`); neither option is for the data-parallel steps."""
+    jobs (`jobs.original`); neither option is for the data-parallel steps. reserved_arena: every process's
+    arena reserved up front, as a GPU's is by default (`seqmem.runtime.device`), instead of grown."""
     if name in workers.STEPS:
         if grappler_off or original_runs > 1:
             raise ValueError(f"grappler_off and original_runs are not supported for the data-parallel step {name!r}")
-        return workers.run_model(name, fraction, runs, steps, arena_mb)
+        return workers.run_model(name, fraction, runs, steps, arena_mb, reserved_arena)
 
     def run_original() -> dict:
         return _value(run_with_budget(jobs.original, name, batch, steps, grappler_off, budget_mb=arena_mb,
-                                      timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S))
+                                      timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S, reserved_arena=reserved_arena))
 
     original = run_original()
     row: dict[str, Any] = {"model": name, "family": STEPS[name].family, "batch": batch, "original": original}
@@ -73,7 +76,8 @@ def run_model(name: str, batch: int, fraction: float, runs: int, steps: int, are
     budget_mb = math.floor(fraction * original["peak_bytes"] / MIB)
     row["budget_mb"] = budget_mb
     row["optimized"] = [_value(run_with_budget(jobs.optimized, name, batch, budget_mb, steps, grappler_off,
-                                               budget_mb=budget_mb, timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S))
+                                               budget_mb=budget_mb, timeout_s=_TIMEOUT_S, stall_s=PROBE_STALL_S,
+                                               reserved_arena=reserved_arena))
                         for _ in range(runs)]
     return row
 
@@ -201,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grappler-off", default="", metavar="NAMES",
                         help="comma-separated Grappler optimizers to switch off in both jobs, to find one that "
                              f"changes values ({', '.join(GRAPPLER_OPTIMIZERS)})")
+    parser.add_argument("--reserved-arena", action="store_true",
+                        help="reserve each emulated device's arena up front, as a GPU's, instead of growing it")
     args = parser.parse_args(argv)
     grappler_off = tuple(name for name in args.grappler_off.split(",") if name)
     unknown_optimizers = [name for name in grappler_off if name not in GRAPPLER_OPTIMIZERS]
@@ -226,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         model = STEPS.get(name)
         batch = model and (model.quick_batch if args.quick and model.quick_batch else model.batch)
         rows.append(run_model(name, batch, args.fraction, runs, args.steps, grappler_off=grappler_off,
-                              original_runs=args.original_runs))
+                              original_runs=args.original_runs, reserved_arena=args.reserved_arena))
         print(_markdown_row(rows[-1], runs), flush=True)
     os.makedirs(args.out, exist_ok=True)
     write_json({"args": vars(args), "rows": rows}, os.path.join(args.out, "zoo.json"))

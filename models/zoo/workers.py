@@ -1,10 +1,12 @@
 """The zoo's data-parallel step: two `MultiWorkerMirroredStrategy` workers on this machine.
 
     python -m models.zoo.workers [--model mobilenet_v2] [--batch 32] [--budget-mb 60] [--steps 3] [--workers 2]
+                                 [--reserved-arena]
 
 Two worker processes (or `--workers`), each forked from
 seqmem's fork server, joined by `TF_CONFIG` on 127.0.0.1, each with its own
-emulated device of `--arena-mb` MiB (one inter-op thread, op determinism).
+emulated device of `--arena-mb` MiB (one inter-op thread, op determinism;
+reserved up front, as a GPU's arena, with `--reserved-arena`).
 Each builds the same model under the strategy (same seed: a Keras image model,
 or `nmt`, the NMT benchmark's LSTM encoder-decoder with tfa attention), draws
 its own `--batch` examples (seeded by its index), and trains a `tf.function` calling
@@ -41,25 +43,25 @@ _WORKERS = 2
 
 def run_workers(model: str, batch: int, arena_mb: int, budget_mb: Optional[float], steps: int,
                 hold_mb: Sequence[int] = (), timeout_s: float = 600, keras_fit: bool = False,
-                workers: int = _WORKERS) -> list[dict[str, Any]]:
+                workers: int = _WORKERS, reserved_arena: bool = False) -> list[dict[str, Any]]:
     """Run `workers` workers (see the module docstring; two by default), each a process forked from seqmem's
     fork server, and return each one's result, by index. hold_mb: MiB each worker allocates on its device
     after training (none by default), for one more call (to show what a worker that runs out of memory does
     to the other; `_call_holding`; every worker makes that call when any holds memory): its outcome in the
     result's "after_hold". A worker still running after `timeout_s` seconds is killed and reported as
-    {"error": "timeout"}."""
+    {"error": "timeout"}. reserved_arena: each worker's arena reserved up front (`seqmem.runtime.device`)."""
     from seqmem.runtime import device, fork_server
 
     hold_mb = list(hold_mb) or [0] * workers
     ports = _free_ports(workers)
-    env = device.fresh_process_env(arena_mb)
+    env = device.fresh_process_env(arena_mb, reserved_arena=reserved_arena)
     with tempfile.TemporaryDirectory() as folder:
         folders = [os.path.join(folder, f"worker{index}") for index in range(workers)]
         argvs = [["--worker", str(index), "--ports", ",".join(map(str, ports)), "--model", model, "--batch",
                   str(batch), "--arena-mb", str(arena_mb), "--steps", str(steps), "--hold-mb", str(hold_mb[index]),
                   "--out", os.path.join(folders[index], "result.json")]
                  + ([] if budget_mb is None else ["--budget-mb", str(budget_mb)]) + ["--call-holding"] * any(hold_mb)
-                 + ["--keras-fit"] * keras_fit for index in range(workers)]
+                 + ["--keras-fit"] * keras_fit + ["--reserved-arena"] * reserved_arena for index in range(workers)]
         for path in folders:
             os.mkdir(path)
 
@@ -85,17 +87,20 @@ def _result(exit_status: Optional[int], folder: str) -> dict[str, Any]:
         return json.load(file)
 
 
-def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int = 4096) -> dict[str, Any]:
+def run_model(name: str, fraction: float, runs: int, steps: int, arena_mb: int = 4096,
+              reserved_arena: bool = False) -> dict[str, Any]:
     """A zoo row (`models.zoo.__main__.run_model`'s form) for data-parallel step `name` (`STEPS`): the two
     workers as written in arenas of `arena_mb`, then `runs` times optimized to `fraction` of the higher of
-    their peaks, in arenas of the budget itself. Each outcome is both workers' (`_both`)."""
+    their peaks, in arenas of the budget itself (reserved up front with `reserved_arena`). Each outcome is
+    both workers' (`_both`)."""
     model, batch = STEPS[name]
-    original = _both(run_workers(model, batch, arena_mb, None, steps))
+    original = _both(run_workers(model, batch, arena_mb, None, steps, reserved_arena=reserved_arena))
     row: dict[str, Any] = {"model": name, "family": FAMILY, "batch": batch, "original": original}
     if "peak_bytes" not in original:
         return row
     row["budget_mb"] = budget_mb = math.floor(fraction * original["peak_bytes"] / (1 << 20))
-    row["optimized"] = [_both(run_workers(model, batch, budget_mb, budget_mb, steps)) for _ in range(runs)]
+    row["optimized"] = [_both(run_workers(model, batch, budget_mb, budget_mb, steps, reserved_arena=reserved_arena))
+                        for _ in range(runs)]
     return row
 
 
@@ -130,13 +135,13 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int, budget_mb: Optional[float],
-            steps: int, hold_mb: int, call_holding: bool, keras_fit: bool) -> dict[str, Any]:
+            steps: int, hold_mb: int, call_holding: bool, keras_fit: bool, reserved_arena: bool) -> dict[str, Any]:
     """One worker's run; the emulated device is configured before TensorFlow starts."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
                                           "task": {"type": "worker", "index": index}})
     from seqmem.runtime import device
 
-    device.configure_emulated_device(arena_mb)
+    device.configure_emulated_device(arena_mb, reserved_arena=reserved_arena, reserve=False)
     import tensorflow as tf
 
     from models.zoo.jobs import optimized_step, predicted, trained
@@ -144,6 +149,7 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
 
     tf.config.experimental.enable_op_determinism()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    device.reserve_arena()  # after the strategy, whose collectives are configured before the first op
     if keras_fit:
         with strategy.scope():
             network, optimizer = _model(model), tf.keras.optimizers.SGD(0.01, momentum=0.9)
@@ -304,6 +310,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=_WORKERS, help="worker processes")
     parser.add_argument("--keras-fit", action="store_true",
                         help="train with Keras fit (seqmem.keras.fit_within_budget with --budget-mb) instead")
+    parser.add_argument("--reserved-arena", action="store_true",
+                        help="reserve each worker's arena up front, as a GPU's, instead of growing it")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--hold-mb", type=int, default=0, help=argparse.SUPPRESS)
@@ -317,12 +325,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--keras-fit trains the Keras image models, not nmt")
     if args.worker is None:
         for index, result in enumerate(run_workers(args.model, args.batch, args.arena_mb, args.budget_mb,
-                                                   args.steps, keras_fit=args.keras_fit, workers=args.workers)):
+                                                   args.steps, keras_fit=args.keras_fit, workers=args.workers,
+                                                   reserved_arena=args.reserved_arena)):
             print(json.dumps({"worker": index, **result}))
         return 0
     try:
         result = _worker(args.worker, [int(port) for port in args.ports.split(",")], args.model, args.batch,
-                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding, args.keras_fit)
+                         args.arena_mb, args.budget_mb, args.steps, args.hold_mb, args.call_holding, args.keras_fit,
+                         args.reserved_arena)
     except Exception as error:  # reported to the launcher, which shows every worker's outcome
         where = traceback.format_exception(error)[-3:-1]  # the innermost frames, for an error that is a bug
         result = {"error": type(error).__name__, "message": (str(error) + "\n" + "".join(where))[:2000]}

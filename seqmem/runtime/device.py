@@ -160,11 +160,14 @@ def available_host_bytes() -> int | None:
         return None
 
 
-def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_arena: bool = False) -> None:
+def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_arena: bool = False,
+                              reserve: bool = True) -> None:
     """Make this process's CPU an emulated device with `budget_mb` MiB of memory.
 
     one_stream: one op at a time; reserved_arena: the arena reserved up front (see the module docstring;
-    both import TensorFlow to take effect). Must run before TensorFlow is imported. Raises
+    both import TensorFlow to take effect). reserve: reserve it now, which runs an op and so starts
+    TensorFlow's context; False leaves the reservation to a later `reserve_arena`, after what must come
+    before the first op (a `tf.distribute` strategy's collectives). Must run before TensorFlow is imported. Raises
     TensorFlowAlreadyInitializedError if TensorFlow is already loaded with other settings (use
     `run_with_budget`, which starts a fresh process), ValueError for a non-positive budget.
     """
@@ -172,7 +175,8 @@ def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_
     if "tensorflow" in sys.modules:
         if all(os.environ.get(k) == wanted.get(k) for k in (*wanted, *_SEQMEM_SETTINGS)):
             apply_thread_settings()  # a process forked with these settings (`fresh_process_env`) before its first op
-            reserve_arena()
+            if reserve:
+                reserve_arena()
             return
         raise TensorFlowAlreadyInitializedError(
             "TensorFlow is already imported in this process, so the emulated device's memory limit can no "
@@ -183,7 +187,8 @@ def configure_emulated_device(budget_mb: int, one_stream: bool = True, reserved_
         os.environ.pop(setting, None)
     os.environ.update(wanted)
     apply_thread_settings()
-    reserve_arena()
+    if reserve:
+        reserve_arena()
 
 
 def emulated_budget_mb() -> int | None:

@@ -82,6 +82,26 @@ def test_the_original_runs_again_in_fresh_jobs_before_the_optimized_ones(monkeyp
     assert zoo._same_as_original(row) == 2
 
 
+@pytest.mark.parametrize("reserved", [False, True])
+def test_every_job_gets_the_arena_asked_for(reserved, monkeypatch):
+    from seqmem.runtime import fork_server
+    from seqmem.runtime.device import BudgetRun
+    from models.zoo import workers
+
+    arenas = []
+    original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "losses": [1.0], "digest": "d"}
+    monkeypatch.setattr(zoo, "run_with_budget", lambda job, *args, reserved_arena, **kwargs: arenas.append(
+        reserved_arena) or BudgetRun("ok", value=dict(original)))
+    zoo.run_model("resnet50", 4, 0.7, 2, 1, reserved_arena=reserved)
+    assert arenas == [reserved] * 3  # the original, then each optimized run
+
+    forked = []
+    monkeypatch.setattr(fork_server, "run_forked", lambda target, argv, env, folder, timeout_s: forked.append(
+        ("--reserved-arena" in argv, "SEQMEM_RESERVED_ARENA" in env)))
+    workers.run_workers("small_cnn", 4, 64, None, 1, reserved_arena=reserved)
+    assert forked == [(reserved, reserved)] * 2
+
+
 @pytest.mark.parametrize("argv, named", [(["--models", "resnet50,no_such_model"], "no_such_model"),
                                          (["--runs", "0"], "--runs"), (["--steps", "-1"], "--steps"),
                                          (["--fraction", "1.5"], "--fraction"),
