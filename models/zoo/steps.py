@@ -19,6 +19,8 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
+from seqmem.runtime.device import on_device
+
 __all__ = ["STEPS", "ZooModel", "ZooStep", "loss_scaled_training"]
 
 
@@ -46,7 +48,7 @@ def _tape_step(model: tf.keras.Model, optimizer: Any, loss_of: Callable[..., tf.
 
 
 def _built(model: tf.keras.Model, optimizer: Any, step: Any, *inputs: np.ndarray) -> ZooStep:
-    return ZooStep(step, tuple(tf.constant(value) for value in inputs), tuple(model.variables) + tuple(optimizer.variables))
+    return ZooStep(step, tuple(on_device(value) for value in inputs), tuple(model.variables) + tuple(optimizer.variables))
 
 
 def _classification_loss(model, images, labels):

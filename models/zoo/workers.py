@@ -243,6 +243,8 @@ def _task(name: str, batch: int, index: int, strategy) -> _Task:
     import numpy as np
     import tensorflow as tf
 
+    from seqmem.runtime import device
+
     rng = np.random.default_rng(index)
     if name == "nmt":
         from models.nmt.model import NMTConfig, NMTModel, masked_mean
@@ -254,7 +256,7 @@ def _task(name: str, batch: int, index: int, strategy) -> _Task:
             network.build_variables()
             optimizer = tf.keras.optimizers.Adam(1e-3)
             optimizer.build(network.trainable_variables)
-        tokens = lambda: tf.constant(rng.integers(1, vocab, (batch, time_steps)).astype(np.int32))  # noqa: E731
+        tokens = lambda: device.on_device(rng.integers(1, vocab, (batch, time_steps)).astype(np.int32))  # noqa: E731
         lengths = tf.fill([batch], time_steps)
         inputs = (tokens(), lengths, tokens(), tokens(), lengths)
 
@@ -265,8 +267,8 @@ def _task(name: str, batch: int, index: int, strategy) -> _Task:
         with strategy.scope():
             network, optimizer = _model(name), tf.keras.optimizers.SGD(0.01, momentum=0.9)
             optimizer.build(network.trainable_variables)
-        inputs = (tf.constant(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32)),
-                  tf.constant(rng.integers(0, 10, [batch]).astype(np.int32)))
+        inputs = (device.on_device(rng.standard_normal([batch, 32, 32, 3]).astype(np.float32)),
+                  device.on_device(rng.integers(0, 10, [batch]).astype(np.int32)))
         global_batch = batch * strategy.num_replicas_in_sync
 
         def loss(images, labels):
