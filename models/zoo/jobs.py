@@ -13,8 +13,8 @@ import hashlib
 import time
 from typing import Any
 
-__all__ = ["arrival_sums", "digest", "loss_found", "optimized", "optimized_step", "original", "predicted",
-           "trained"]
+__all__ = ["analyzed", "arrival_sums", "digest", "loss_found", "optimized", "optimized_step", "original",
+           "predicted", "trained"]
 
 
 def original(name: str, batch: int, steps: int, grappler_off: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -24,14 +24,14 @@ def original(name: str, batch: int, steps: int, grappler_off: tuple[str, ...] = 
     from tensorflow.python.eager import context
 
     built = _built(name, batch, grappler_off)
-    fields = predicted(built)
+    analysis = analyzed(built)
     context.enable_graph_collection()  # the graphs TensorFlow runs, collected as it instantiates the step
     try:
-        fields.update(trained(built, steps))
+        fields = trained(built, steps)
         fields["arrival_sums"] = arrival_sums(context.export_run_metadata())
     finally:
         context.disable_graph_collection()
-    return fields
+    return {**predicted(built, analysis), **fields}
 
 
 def optimized(name: str, batch: int, budget_mb: int, steps: int,
@@ -42,15 +42,24 @@ def optimized(name: str, batch: int, budget_mb: int, steps: int,
     return fields if step is None else {**fields, **trained(step, steps)}
 
 
-def predicted(built) -> dict[str, Any]:
-    """seqmem's predicted peak (bytes) of one call of the `ZooStep` as written (kernels' scratch measured,
-    as `optimize` does) and the loss it finds (`loss_found`)."""
+def analyzed(built):
+    """seqmem's analysis of the `ZooStep` as written, made before its first call (kernels' scratch measured,
+    as `optimize` does)."""
     from seqmem.runtime.step_analysis import analyze_function
-    from seqmem.sim.simulator import simulate
 
     function = built.step.get_concrete_function(*built.inputs)
-    analysis = analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
-    peak = simulate(analysis.graph, analysis.order, allocator="bfc", **analysis.simulator_options()).peak_bytes
+    return analyze_function(function, measure_scratch=True, count_loops=True, sample_inputs=built.inputs)
+
+
+def predicted(built, analysis) -> dict[str, Any]:
+    """seqmem's predicted peak (bytes) of one call of the `ZooStep` as written, in the order it was seen
+    running in (two more calls, the second profiled: make them after the calls whose losses count), as
+    `seqmem.profile` predicts a step it runs; and the loss `analysis` found (`loss_found`)."""
+    from seqmem.edge.op_trace import trace_ops
+    from seqmem.sim.simulator import simulate
+
+    ran = analysis.as_ran(trace_ops(built.step, built.inputs, runs=1).started)
+    peak = simulate(ran.graph, ran.order, allocator="bfc", **ran.simulator_options()).peak_bytes
     return {"predicted_peak_bytes": peak, **loss_found(analysis)}
 
 

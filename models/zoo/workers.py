@@ -144,7 +144,7 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
     device.configure_emulated_device(arena_mb, reserved_arena=reserved_arena, reserve=False)
     import tensorflow as tf
 
-    from models.zoo.jobs import optimized_step, predicted, trained
+    from models.zoo.jobs import analyzed, optimized_step, predicted, trained
     from models.zoo.steps import ZooStep
 
     tf.config.experimental.enable_op_determinism()
@@ -170,14 +170,16 @@ def _worker(index: int, ports: list[int], model: str, batch: int, arena_mb: int,
 
     built = ZooStep(step, task.inputs, task.variables)
     if budget_mb is None:
-        fields = predicted(built)
+        analysis = analyzed(built)
+        calls = trained(built, steps)
+        result = {**predicted(built, analysis), **calls}  # after the calls that count: it calls the step twice more
     else:
         with strategy.scope():
             optimized, fields = optimized_step(built, budget_mb)
         if optimized is None:
             return fields
         built = optimized
-    result = {**fields, **trained(built, steps)}
+        result = {**fields, **trained(built, steps)}
     if call_holding:
         result["after_hold"] = _call_holding(built.step, built.inputs, hold_mb)
     return result

@@ -16,7 +16,7 @@ from seqmem.analyze.anatomy import StepAnatomy, analyze_step
 from seqmem.analyze.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
-from seqmem.sim.schedule import executor_order, pinned_order, schedule
+from seqmem.sim.schedule import executor_order, measured_order, pinned_order, schedule
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 from seqmem.ir.backward_views import split_backward_views
@@ -31,7 +31,8 @@ class StepAnalysis:
     """A training step's graph, its parts, timing, schedule and per-node scratch bytes
     (concurrent ops' scratch included).
 
-    order: the order the step runs in as it is. pinned_order: the order it runs
+    order: the order the step runs in as it is: the executor's, as modelled (`sim.schedule.executor_order`)
+    or as seen (`as_ran`). pinned_order: the order it runs
     in on one compute stream once pinned to its deferred ASAP schedule
     (`sim.schedule.deferred_schedule`, `seqmem.rewrite.pin`); empty when it cannot be pinned (TF1 control flow) or
     the executor runs more than one op at a time.
@@ -73,6 +74,12 @@ class StepAnalysis:
         if not self.pinned_order:
             raise ValueError("this step cannot be pinned: it has TF1 control flow or runs on more than one thread")
         return dataclasses.replace(self, order=self.pinned_order)
+
+    def as_ran(self, started: Sequence[str]) -> "StepAnalysis":
+        """This analysis in the order the step was seen running in on one inter-op thread (`started`: node
+        names in the order they started, `edge.op_trace.OpTrace.started`) instead of the executor model's:
+        `sim.schedule.measured_order`."""
+        return dataclasses.replace(self, order=measured_order(self.graph, started))
 
     def pinning_its_own_order(self) -> "StepAnalysis":
         """This analysis with `pinned_order` set to the order the step runs in as it is: pinning then keeps

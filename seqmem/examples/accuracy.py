@@ -2,7 +2,8 @@
 
 Each example runs in a fresh process on the emulated device (`device.run_with_budget`),
 so every measurement starts from an empty BFC arena. On one compute stream each
-example is measured twice: as it is (the executor's own order) and as `optimize`
+example is measured twice: as it is (the executor's own order, which the
+prediction takes from a profiled call, as `seqmem.profile` does) and as `optimize`
 runs it: pinned to its planned schedule (`seqmem.rewrite.pin`), its while loops
 bounded to one iteration at a time (`seqmem.edge.loops`).
 """
@@ -66,6 +67,8 @@ def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[i
     from seqmem.edge.swap_nodes import EmulatedDeviceBackend
     from seqmem.examples.steps import build_example
     from seqmem.runtime.optimized_step import build_step
+    from seqmem.edge.op_trace import trace_ops
+    from seqmem.runtime.measure import captured_variables, variables_restored
     from seqmem.runtime.profile import measure_step_peak
     from seqmem.runtime.step_analysis import analyze_function
 
@@ -73,16 +76,21 @@ def _measure_example(name: str, batch: int) -> list[tuple[str, int, int, tuple[i
     args = example.make_inputs(0)
     function = concrete_function(example.step, args)
     analysis = analyze_function(function, measure_scratch=True)
-    steps = {}
+    steps = {}  # order -> (its analysis, made when it is measured; the step)
     if analysis.pinned_order:  # measured first, in the arena as the analysis left it, as `optimize` runs it
         plan = choose_conservations(analysis, 1 << 50, pinned=True).fitting_plan()  # no swaps: the order alone
         if loops.loops_above(to_graph_def(analysis.graph), 1):  # the simulator runs one iteration at a time
             plan = dataclasses.replace(plan, loop_parallel_iterations=1)
-        steps["pinned"] = (analysis.pinned(), build_step(analysis, plan, EmulatedDeviceBackend(), function, example.step))
-    steps["as is"] = (analysis, example.step)
+        steps["pinned"] = (analysis.pinned, build_step(analysis, plan, EmulatedDeviceBackend(), function, example.step))
+
+    def as_it_ran():  # in the order it is seen running in, as `seqmem.profile` predicts a step it runs
+        with variables_restored(captured_variables(function)):
+            return analysis.as_ran(trace_ops(example.step, args, runs=1).started)
+
+    steps["as is"] = (as_it_ran, example.step)
     rows = []
-    for order, (planned, step) in steps.items():
-        predicted = simulate_baseline(planned).trace.peak_bytes
+    for order, (analysis_of, step) in steps.items():
+        predicted = simulate_baseline(analysis_of()).trace.peak_bytes
         measured = measure_step_peak(step, args, function, MEASURED_STEPS)
         rows.append((order, predicted, measured.median_bytes, (measured.min_bytes, measured.max_bytes)))
     return rows

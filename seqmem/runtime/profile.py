@@ -21,7 +21,7 @@ from seqmem.ir.graph import Graph, TensorRef
 from seqmem.plot import plot_memory_curves
 from seqmem.runtime import device
 from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks, variables_restored
-from seqmem.runtime.step_analysis import analyze_function
+from seqmem.runtime.step_analysis import analyze_function, inter_op_threads
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import MemoryTrace
 from seqmem.units import MIB
@@ -127,6 +127,9 @@ def profile(
     costs: "static" (from shapes) or "measured" (a profiled run; needs to run the step).
     measure: run the step and read the device's peak; default: when a measuring
     device (a GPU or the emulated device) is configured.
+    Where it runs the step (measure, or measured costs) on one inter-op thread, the
+    predicted curve follows the order the step was seen running in
+    (`StepAnalysis.as_ran`); otherwise the executor model's order.
     allocator: "bfc" predicts the bytes TensorFlow's BFC allocator reports
     (chunks, fragmentation included); "exact" counts tensor bytes only.
     measured_steps: steps whose peaks are measured (the median is reported).
@@ -152,14 +155,17 @@ def profile(
         measure = device.measuring_device_present()
     args = inputs_like(inputs) if (measure or costs == "measured") else None
     run = step if not isinstance(step, capture.ConcreteFunction) else function
-    op_time_s = None
-    if costs == "measured":
-        from seqmem.edge.op_trace import trace_op_times
+    ran = None
+    if args is not None:
+        from seqmem.edge.op_trace import trace_ops
 
         with variables_restored(captured_variables(function)):
-            op_time_s = trace_op_times(run, args)
-    analysis = analyze_function(function, loss=loss, machine=machine, op_time_s=op_time_s, measure_scratch=measure,
+            ran = trace_ops(run, args)
+    analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measure,
+                                op_time_s=ran.seconds if costs == "measured" else None,
                                 count_loops=args is not None, sample_inputs=args)
+    if ran is not None and inter_op_threads() == 1:
+        analysis = analysis.as_ran(ran.started)
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
     trace = simulate(graph, analysis.order, allocator=allocator, **analysis.simulator_options())
     measured = measure_step_peak(run, args, function, measured_steps) if measure else None
@@ -178,8 +184,10 @@ def profile(
 class MeasuredPeak:
     """Peak device bytes of one step over `steps` measured steps: median, lowest, highest.
 
-    The peak varies between steps because TensorFlow's executor runs
-    independent ops concurrently (two inter-op threads here), in varying order.
+    The peak varies between steps even in one order: TensorFlow's BFC allocator
+    hands a free chunk out whole when it is under twice the request, so the
+    bytes it counts depend on where a step's buffers fall among the chunks
+    earlier ones left. With more than one inter-op thread the order varies too.
     """
 
     device: str

@@ -48,7 +48,7 @@ def analyze_function(
 ) -> StepAnalysis:
     """Analyze the training step `function` (a ConcreteFunction, or any target `capture.from_tf` takes).
 
-    op_time_s: measured seconds per node (from `edge.op_trace.trace_op_times`); static costs otherwise.
+    op_time_s: measured seconds per node (`edge.op_trace.OpTrace.seconds`); static costs otherwise.
     measure_scratch: probe kernels' scratch memory on the measuring device.
     count_loops: for a ConcreteFunction `function`, run its while loops whose trip count depends on data
     on `sample_inputs` (its arguments; synthetic ones, `measure.inputs_like`, when None) to count their

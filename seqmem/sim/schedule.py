@@ -7,11 +7,13 @@ a graph in with one inter-op thread (the emulated device's one compute stream).
 before its first reader (from variables: where only backward reads it; from constants
 alone, such as a dropout's random mask: always). `pinned_order`: the order
 TensorFlow runs the graph in once `seqmem.rewrite.pin` has chained the deferred
-schedule's nodes with control edges.
+schedule's nodes with control edges. `measured_order`: the order a step was
+seen running in (`seqmem.edge.op_trace`), where it could be run.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Optional
@@ -21,7 +23,7 @@ from seqmem.ir.graph import Graph
 from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, STEP_ARGUMENT_OPS, TF1_CONTROL_FLOW_OPS
 from seqmem.ir.regrouped import regrouped_products
 
-__all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "pinned_nodes", "pinned_order", "schedule"]
+__all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "measured_order", "pinned_nodes", "pinned_order", "schedule"]
 
 # TensorFlow's executor runs an op inline (on the thread that made it ready)
 # once its running cost estimate is under 8000 CPU cycles (kernel_stats in
@@ -137,4 +139,34 @@ def executor_order(graph: Graph, cost_s: Mapping[str, float], inline_below_s: fl
             pool.extendleft(expensive)
     if len(order) < len(names):
         raise ValueError("the chain contradicts the graph's edges: it is not in topological order")
+    return tuple(order)
+
+
+def measured_order(graph: Graph, started: Sequence[str]) -> tuple[str, ...]:
+    """`graph`'s nodes in the order the step ran in: `started` lists node names in the order they started
+    (`edge.op_trace.OpTrace.started`, on one inter-op thread). A node it lacks (Grappler folded or fused it
+    away, or a function argument) comes right before the first node it leads to that it lists; names not
+    in `graph` are ignored. Where `started` contradicts the graph's edges, the edges win: the result is
+    always a topological order."""
+    position = {name: i for i, name in enumerate(started)}
+    topological = graph.topological_order()
+    unlisted = len(position)  # after every listed node
+    key = {}
+    released_by: dict[str, list[str]] = {name: [] for name in topological}
+    for name in reversed(topological):
+        key[name] = position.get(name, min((key[reader] for reader in released_by[name]), default=unlisted))
+        for pred in graph.ordering_predecessors(name):
+            released_by[pred].append(name)
+    waiting = {name: len(graph.ordering_predecessors(name)) for name in topological}
+    rank = {name: i for i, name in enumerate(topological)}
+    ready = [(key[name], rank[name], name) for name in topological if waiting[name] == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        name = heapq.heappop(ready)[2]
+        order.append(name)
+        for reader in released_by[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (key[reader], rank[reader], reader))
     return tuple(order)

@@ -4,11 +4,11 @@ Each example is measured as `optimize` runs it (pinned to its planned schedule, 
 iteration) and as it is. Pinned, each step runs in the predicted order, its inputs in the arena
 (`seqmem.runtime.device.on_device`), and in 4 processes each example's median was the same to 0.1 MB, within
 3.2% of the prediction (the lstm's; docs/results.md, "Simulator accuracy"); its peak varied under 3% from
-step to step (at most the lstm's, 70.1-72.0 MB; held to 3%, the issue's bound for step-to-step spread). As they are, the cnn and resnet are held
-to 15% of the peak of some measured step. The mlp as it is is not held to a figure: the executor runs its
-optimizer's `momentum * slot` products at different points from step to step (one process: 45.0-55.0 MB),
-and the simulator's model of the executor's order runs them late (39.2 MB predicted). Nor is the lstm: its
-gradient loop runs up to 32 iterations ahead, and the simulator runs one.
+step to step (at most the lstm's, 70.1-72.0 MB; held to 3%, the issue's bound for step-to-step spread). As they are,
+predicted in the order a profiled call ran in, the cnn and resnet are held to 15% of the peak of some measured
+step: that order can differ from one process to the next (not within one), and the allocator model's peak
+with it. The mlp as it is is not held to a figure: its peak varies from step to step in one process
+(45.0-55.0 MB). Nor is the lstm: its gradient loop runs up to 32 iterations ahead, and the simulator runs one.
 """
 
 import pytest

@@ -105,3 +105,28 @@ def test_deferred_schedule_moves_what_reads_no_step_input_to_just_before_its_rea
     assert order.index("g") < order.index("scaled") == order.index("new_slot") - 1
     assert sorted(order) == sorted(g.nodes)
     assert pinned_nodes(g, order).index("scaled") > pinned_nodes(g, order).index("g")
+
+
+def test_measured_order_follows_the_trace_and_puts_what_it_lacks_before_its_first_listed_reader():
+    from seqmem.sim.schedule import measured_order
+
+    g = _momentum_update()
+    # as TensorFlow ran it: the slot's `momentum * slot` first (it reads no step input), then the pass;
+    # the placeholders and the constant have no event, nor does `read`, which Grappler fused into `scaled`
+    started = ("scaled", "f", "g", "new_slot", "assign", "not_in_the_graph")
+    order = measured_order(g, started)
+    assert [name for name in order if name in started] == list(started[:-1])
+    assert order.index("read") == order.index("scaled") - 1
+    assert order.index("x") < order.index("f") and order.index("momentum") < order.index("scaled")
+    assert sorted(order) == sorted(g.nodes)
+
+
+def test_measured_order_keeps_the_graphs_edges_where_the_trace_contradicts_them():
+    from seqmem.sim.schedule import measured_order
+
+    g = _backward_fork()
+    order = measured_order(g, ("next", "input_grad", "filter_grad", "dy"))
+    position = {name: i for i, name in enumerate(order)}
+    for name in g.nodes:
+        assert all(position[pred] < position[name] for pred in g.ordering_predecessors(name))
+    assert order.index("input_grad") < order.index("filter_grad")  # the trace's order where the edges allow
