@@ -21,6 +21,7 @@ from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 from seqmem.ir.backward_views import split_backward_views
 from seqmem.ir.barriers import barrier_source, gradient_barriers, split_barriers
+from seqmem.ir.merged import merged_duplicates
 from seqmem.decisions.plan import LoopSwap, Plan
 
 __all__ = ["StepAnalysis", "analyze_graph", "as_planned", "without_barriers"]
@@ -76,10 +77,13 @@ class StepAnalysis:
         return dataclasses.replace(self, order=self.pinned_order)
 
     def as_ran(self, started: Sequence[str]) -> "StepAnalysis":
-        """This analysis in the order the step was seen running in on one inter-op thread (`started`: node
-        names in the order they started, `edge.op_trace.OpTrace.started`) instead of the executor model's:
-        `sim.schedule.measured_order`."""
-        return dataclasses.replace(self, order=measured_order(self.graph, started))
+        """This analysis of the step as it ran on one inter-op thread, to simulate: its graph as TensorFlow
+        ran it, the computations Grappler merges merged (`ir.merged.merged_duplicates`), in the order the
+        step was seen running in (`started`: node names in the order they started,
+        `edge.op_trace.OpTrace.started`; `sim.schedule.measured_order`) instead of the executor model's.
+        Not for planning: it has no pinned order, and its anatomy and timing are the graph's as written."""
+        graph = merged_duplicates(self.graph)
+        return dataclasses.replace(self, graph=graph, order=measured_order(graph, started), pinned_order=())
 
     def pinning_its_own_order(self) -> "StepAnalysis":
         """This analysis with `pinned_order` set to the order the step runs in as it is: pinning then keeps

@@ -32,6 +32,9 @@ Sizes (`TensorInfo`, `Node`):
   (`seqmem.edge.folded_constants`);
 - other unknowns are None.
 
+A node that computes what an earlier one computes, which Grappler merges into
+it, is marked (`Node.duplicate_of`, `seqmem.edge.duplicates`) and kept.
+
 A function's graph is captured as TensorFlow instantiates it: without the
 stateless nodes that reach neither a return value, a control output nor a
 stateful op (`instantiated_nodes`), which TensorFlow prunes before it runs the
@@ -51,6 +54,7 @@ from tensorflow.python.eager.polymorphic_function.concrete_function import Concr
 from tensorflow.python.ops import handle_data_util
 
 from seqmem.edge.copy_on_read import copying_reads
+from seqmem.edge.duplicates import duplicate_nodes
 from seqmem.edge.folded_constants import folded_ops, held_constants, neutral_arithmetic
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.list_sizes import ListSizer
@@ -120,6 +124,8 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     shapes = stacked_shapes(tf_graph, graph_def, sizer.length)
     sizer = ListSizer(bodies, tf_graph, shapes, trip_counts)
     kept = instantiated_nodes(tf_graph, output_names) if output_names else None
+    duplicates = duplicate_nodes(tf_graph, [node.name for node in graph_def.node if node.name in kept],
+                                 _output_nodes(tf_graph, output_names)) if kept is not None else {}
     nodes = []
     for node_def in graph_def.node:
         if kept is not None and node_def.name not in kept:
@@ -129,7 +135,8 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
                                      op.name in copying)
                         for index, t in enumerate(op.outputs))
         nodes.append(_node(node_def, op, outputs, variable_bytes.get(node_def.name, 0),
-                           constants.get(node_def.name, ()), node_def.name in folded))
+                           constants.get(node_def.name, ()), node_def.name in folded,
+                           duplicates.get(node_def.name, "")))
     return Graph(
         nodes,
         outputs=[TensorRef.parse(name) for name in output_names],
@@ -158,6 +165,12 @@ def instantiated_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> froze
     return frozenset(kept)
 
 
+def _output_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> frozenset[str]:
+    """Names of the nodes whose outputs a function returns, and of its control outputs."""
+    return frozenset([name.split(":")[0] for name in output_names]
+                     + [op.name for op in getattr(tf_graph, "control_outputs", [])])
+
+
 def to_graph_def(graph: Graph) -> graph_pb2.GraphDef:
     """Write `graph` back as a GraphDef; `to_graph_def(from_tf(graph_def)) == graph_def`."""
     graph_def = graph_pb2.GraphDef()
@@ -184,7 +197,7 @@ def _input_name(ref: TensorRef) -> str:
 
 
 def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[TensorInfo, ...], resource_bytes: int,
-          constant_sizes: tuple[int, ...], folded: bool) -> Node:
+          constant_sizes: tuple[int, ...], folded: bool, duplicate_of: str) -> Node:
     inputs, control_inputs = [], []
     for name in node_def.input:
         if name.startswith("^"):
@@ -210,6 +223,7 @@ def _node(node_def: node_def_pb2.NodeDef, op: tf.Operation, outputs: tuple[Tenso
         resource_bytes=resource_bytes,
         constant_sizes=constant_sizes,
         folded=folded,
+        duplicate_of=duplicate_of,
     )
 
 

@@ -83,6 +83,9 @@ class Node:
     (`seqmem.edge.folded_constants`); empty for other ops.
     folded: TensorFlow replaces this node with a constant it keeps, so its outputs
     stay on the device across steps (`seqmem.edge.folded_constants`).
+    duplicate_of: the earlier node that computes what this one computes, which TensorFlow
+    runs in its place as it runs the step as written (Grappler merges the two,
+    `seqmem.edge.duplicates`); "" for most nodes. Rewritten steps keep both.
     attrs, extras: opaque values (TensorFlow protos) seqmem carries but does not read,
     except through the capture module.
     """
@@ -98,6 +101,7 @@ class Node:
     resource_bytes: int = 0
     constant_sizes: tuple[int, ...] = ()
     folded: bool = False
+    duplicate_of: str = ""
 
     @property
     def persistent(self) -> bool:
