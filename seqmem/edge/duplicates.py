@@ -42,9 +42,10 @@ def duplicate_nodes(tf_graph: tf.Graph, names: Sequence[str], preserved: Collect
     stand for others."""
     representative: dict[str, str] = {}
     first: dict[tuple, str] = {}
+    feeding_in_place = _feeding_in_place_ops(tf_graph)
     for name in names:
         op = tf_graph.get_operation_by_name(name)
-        if not _mergeable(op):
+        if name in feeding_in_place or not _mergeable(op):
             continue
         key = _key(op, representative)
         if key not in first:
@@ -59,23 +60,21 @@ def _mergeable(op: tf.Operation) -> bool:
         return False
     if op.op_def.is_stateful or any(arg.is_ref for arg in op.op_def.input_arg):
         return False
-    if any(output.dtype in (tf.variant, tf.resource) for output in op.outputs):  # lists, handles: seqmem's
-        return False  # loop and variable models follow each one by its node
-    return not _feeds_in_place_op(op)
+    # lists, handles: seqmem's loop and variable models follow each one by its node
+    return not any(output.dtype in (tf.variant, tf.resource) for output in op.outputs)
 
 
-def _feeds_in_place_op(op: tf.Operation) -> bool:
-    pending, seen = [op], set()
+def _feeding_in_place_ops(tf_graph: tf.Graph) -> set[str]:
+    """Names of the ops whose outputs an in-place op reads, directly or through ops that pass a buffer on."""
+    feeding: set[str] = set()
+    pending = [op for op in tf_graph.get_operations() if op.type in _IN_PLACE_OPS]
     while pending:
-        current = pending.pop()
-        for output in current.outputs:
-            for reader in output.consumers():
-                if reader.type in _IN_PLACE_OPS:
-                    return True
-                if reader.type in _PASSING_ON and reader.name not in seen:
-                    seen.add(reader.name)
-                    pending.append(reader)
-    return False
+        for tensor in pending.pop().inputs:
+            if tensor.op.name not in feeding:
+                feeding.add(tensor.op.name)
+                if tensor.op.type in _PASSING_ON:
+                    pending.append(tensor.op)
+    return feeding
 
 
 def _key(op: tf.Operation, representative: Mapping[str, str]) -> tuple:
