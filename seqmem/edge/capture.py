@@ -125,7 +125,7 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     sizer = ListSizer(bodies, tf_graph, shapes, trip_counts)
     kept = instantiated_nodes(tf_graph, output_names) if output_names else None
     duplicates = duplicate_nodes(tf_graph, [node.name for node in graph_def.node if node.name in kept],
-                                 _output_nodes(tf_graph, output_names)) if kept is not None else {}
+                                 {op.name for op in _returned_ops(tf_graph, output_names)}) if kept is not None else {}
     nodes = []
     for node_def in graph_def.node:
         if kept is not None and node_def.name not in kept:
@@ -150,8 +150,7 @@ def instantiated_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> froze
     (`PruneFunctionBody`): the inputs (placeholders), and what the return values (`output_names`), the
     function's control outputs, its stateful ops and control-flow ops reach through data and control
     edges."""
-    roots = [tf_graph.get_tensor_by_name(name).op for name in output_names]
-    roots += getattr(tf_graph, "control_outputs", [])
+    roots = _returned_ops(tf_graph, output_names)
     roots += [op for op in tf_graph.get_operations()
               if op.type == "Placeholder" or op.type in TF1_CONTROL_FLOW_OPS or op.op_def.is_stateful]
     kept, pending = set(), list(roots)
@@ -165,10 +164,10 @@ def instantiated_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> froze
     return frozenset(kept)
 
 
-def _output_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> frozenset[str]:
-    """Names of the nodes whose outputs a function returns, and of its control outputs."""
-    return frozenset([name.split(":")[0] for name in output_names]
-                     + [op.name for op in getattr(tf_graph, "control_outputs", [])])
+def _returned_ops(tf_graph: tf.Graph, output_names: Sequence[str]) -> list[tf.Operation]:
+    """The ops whose outputs a function returns (`output_names`), then its control outputs."""
+    return ([tf_graph.get_tensor_by_name(name).op for name in output_names]
+            + list(getattr(tf_graph, "control_outputs", [])))
 
 
 def to_graph_def(graph: Graph) -> graph_pb2.GraphDef:

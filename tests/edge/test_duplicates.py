@@ -42,3 +42,17 @@ def test_random_ops_inputs_lists_and_returned_values_are_never_marked():
     returned = {ref.node for ref in graph.outputs}
     assert all(not graph.node(name).duplicate_of for name in returned)
     assert returned <= set(merged_duplicates(graph).nodes)
+
+
+def test_what_an_in_place_op_writes_into_is_never_marked_nor_what_passes_it_on():
+    def step(x):
+        written = tf.raw_ops.InplaceAdd(x=tf.identity(tf.nn.relu(x, name="relu_a"), name="passed_a"), i=[0],
+                                        v=tf.ones([1, 4]))
+        read = tf.nn.relu(x, name="relu_b")  # equal to relu_a, which the in-place op writes into
+        again = tf.nn.relu(x, name="relu_c")  # equal to relu_b, written into by nothing
+        return tf.reduce_sum(written) + tf.reduce_sum(read * 2.0) + tf.reduce_sum(again * 3.0)
+
+    graph = _captured(step, tf.TensorSpec([2, 4]))
+    assert graph.node("relu_a").duplicate_of == "" and graph.node("passed_a").duplicate_of == ""
+    assert graph.node("relu_b").duplicate_of == ""  # relu_a stands for nothing: it is not a candidate
+    assert graph.node("relu_c").duplicate_of == "relu_b"

@@ -185,7 +185,8 @@ def test_a_worker_probe_fails_as_its_workers_did(results, raised, monkeypatch):
             worker_batches.trains_on_workers(8, "small_cnn", 64, False, 2)
         assert type(error.value).__name__ == raised
     (args, kwargs), = calls
-    assert args[:5] == ("small_cnn", 8, 64, 64 if raised is None else None, 2) and kwargs == {"workers": 2}
+    assert args[:5] == ("small_cnn", 8, 64, 64 if raised is None else None, 2)
+    assert kwargs == {"workers": 2, "reserved_arena": False}
 
 
 def test_grappler_off_names_only_grappler_optimizers_and_only_single_process_steps(capsys):
