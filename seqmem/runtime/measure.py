@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_array_ops, gen_resource_variable_ops, resource_variable_ops
 
-__all__ = ["block", "captured_variables", "inputs_like", "step_peaks", "timed_steps", "variables_restored"]
+__all__ = ["block", "captured_variables", "inputs_like", "spec_of", "step_peaks", "timed_steps", "variables_restored"]
 
 
 def captured_variables(function: Any) -> list[tf.Tensor]:
@@ -109,11 +109,15 @@ def block(result: Any) -> None:
 
 
 def inputs_like(structure: Any) -> Any:
-    """Tensors for a (nested) structure of TensorSpecs or tensors: tensors pass through;
-    floating specs get seeded normal values, others ones (valid labels, token ids and
-    sequence lengths: a length of 0 would fail the checks of e.g. tfa's attention)."""
+    """Tensors for a (nested) structure of TensorSpecs, tensors or arrays: tensors pass through; NumPy
+    arrays are copied to the device (`device.on_device`); floating specs get seeded normal values, others
+    ones (valid labels, token ids and sequence lengths: a length of 0 would fail the checks of e.g. tfa's
+    attention)."""
+    from seqmem.runtime import device
 
     def make(value):
+        if isinstance(value, (np.ndarray, np.generic)):
+            return device.on_device(value)
         if not isinstance(value, tf.TensorSpec):
             return tf.convert_to_tensor(value)
         if value.dtype.is_floating:
@@ -121,6 +125,18 @@ def inputs_like(structure: Any) -> Any:
         return tf.ones(value.shape, value.dtype)
 
     return tf.nest.map_structure(make, structure)
+
+
+def spec_of(value: Any) -> tf.TensorSpec:
+    """The TensorSpec of a step's argument: a TensorSpec, a tensor or a NumPy array. Raises TypeError for
+    anything else."""
+    if isinstance(value, tf.TensorSpec):
+        return value
+    if isinstance(value, tf.Tensor):
+        return tf.TensorSpec.from_tensor(value)
+    if isinstance(value, np.ndarray):
+        return tf.TensorSpec(value.shape, tf.as_dtype(value.dtype))
+    raise TypeError(f"step inputs must be tensors, NumPy arrays or tf.TensorSpecs, got {type(value).__name__}")
 
 
 def step_peaks(run: Any, args: Any, variables, calls: int, warm_up: bool = False) -> list[int]:

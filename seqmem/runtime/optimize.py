@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -26,7 +27,7 @@ from seqmem.errors import InfeasibleBudgetError
 from seqmem.ir.graph import TensorRef
 from seqmem.runtime import device, stall_watch
 from seqmem.runtime.forms import Arena, Forms, forms_of
-from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks
+from seqmem.runtime.measure import captured_variables, inputs_like, spec_of, step_peaks
 from seqmem.runtime.optimized_step import OptimizedStep, build_step
 from seqmem.runtime.step_analysis import analyze_function
 from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, workers_of
@@ -86,6 +87,8 @@ def optimize(
     variable update re-plans for 10% less once and runs again (`OptimizedStep`).
     sample_inputs: the arguments to calibrate with and to count data-dependent loop trips (default:
     synthetic, `seqmem.runtime.measure.inputs_like`): real ones where the step checks its inputs' values.
+    On a measuring device they are on the device while the step is analyzed and calibrated (NumPy arrays
+    copied there first), so the plan counts the inputs a call holds.
     pin_order: on one compute stream, pin the step to the order its plan was simulated in (`seqmem.rewrite.pin`).
     loop_parallel_iterations: run every while loop at most this many iterations at once (None: as traced);
     bounded loops on the emulated device may swap what they save for their gradient
@@ -121,6 +124,23 @@ def optimize(
                                pin_order=pin_order)
 
 
+def _frames_cleared_on_error(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, its failed frames' locals dropped before its exception propagates: they hold device memory
+    (the inputs placed there, a step calibration measured), which a caller keeping the error, as one retrying
+    for the smallest peak it reports does, must not keep too."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            traceback.clear_frames(error.__traceback__)
+            raise
+
+    return call
+
+
+@_frames_cleared_on_error
 def _optimized_function(function: capture.ConcreteFunction, original: Any, forms: Callable[..., Forms],
                         target_bytes: int, *, loss: Union[str, TensorRef, None], machine: MachineModel,
                         backend: SwapBackend, calibrate: bool, sample_inputs: Any, pin_order: bool) -> OptimizedStep:
@@ -129,6 +149,9 @@ def _optimized_function(function: capture.ConcreteFunction, original: Any, forms
     workers = workers_of(function.graph.as_graph_def())
     measuring = device.measuring_device_present()
     calibrating = calibrate and measuring
+    if measuring:  # on the device before the analysis measures what is in use there, as a call's inputs are
+        sample_inputs = inputs_like(function.structured_input_signature[0] if sample_inputs is None
+                                    else tuple(sample_inputs))
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring,
                                 count_loops=measuring or sample_inputs is not None, sample_inputs=sample_inputs)
     if workers is not None:
@@ -160,7 +183,7 @@ def _traced(target: Any, input_signature: Any, sample_inputs: Any) -> tuple[capt
             f"optimize() takes a tf.function, a ConcreteFunction, a tf.Graph or a GraphDef, got {type(target).__name__}"
         )
     if input_signature is None and sample_inputs is not None:
-        input_signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, tuple(sample_inputs))
+        input_signature = tf.nest.map_structure(spec_of, tuple(sample_inputs))
     function = capture.concrete_function(target, tuple(input_signature or ()))
     return function, target if not isinstance(target, capture.ConcreteFunction) else function
 
@@ -277,31 +300,30 @@ def _plan_for_less(planner: Forms, arena: Arena, plan: Plan, measured: Optional[
     return lowest, arena  # the most-conserving plan: its measurement decides
 
 
-def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: Any,
+def _measured_peak(step: OptimizedStep, function: capture.ConcreteFunction, sample_inputs: tuple,
                    budget_bytes: int) -> Optional[int]:
-    """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (default:
-    synthetic), or None if one ran out of memory. A call that does not fit waits in the allocator's retry
+    """Highest peak device bytes of `_CALIBRATION_CALLS` calls of `step` on `sample_inputs` (tensors on the
+    device), or None if one ran out of memory. A call that does not fit waits in the allocator's retry
     (10 s on the emulated device) before it fails: an idle wait calibration expects.
 
     For a step of several workers: the highest over every worker (None when any ran out of memory),
     measured first with the step's collectives made local (`OptimizedStep.without_collectives`), then,
     where that fits `budget_bytes` on every worker, with its collectives. A worker that runs out of memory
     then aborts every worker's collectives: InfeasibleBudgetError on every worker."""
-    args = inputs_like(function.structured_input_signature[0]) if sample_inputs is None else sample_inputs
     workers = step.workers
     if workers is None:
-        return _peak_or_none(step, function, args)
+        return _peak_or_none(step, function, sample_inputs)
     local = step.without_collectives()
     made_local = local is not None
     if made_local:
-        measured = workers.highest([_peak_or_none(local, function, args)])[0]
+        measured = workers.highest([_peak_or_none(local, function, sample_inputs)])[0]
         local = None
         gc.collect()  # the local step's folded constants leave the arena before the step runs
         if measured is None or measured > budget_bytes:
             return measured
     try:
         with stall_watch.expected_idle():
-            measured = max(step_peaks(step, args, captured_variables(function), _CALIBRATION_CALLS))
+            measured = max(step_peaks(step, sample_inputs, captured_variables(function), _CALIBRATION_CALLS))
     except (tf.errors.ResourceExhaustedError, tf.errors.UnavailableError) as error:
         if not (isinstance(error, tf.errors.ResourceExhaustedError) or ABORT_MARK in error.message):
             raise

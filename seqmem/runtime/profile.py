@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import tensorflow as tf
 
 from seqmem.analyze.anatomy import StepAnatomy
@@ -20,7 +19,7 @@ from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.plot import plot_memory_curves
 from seqmem.runtime import device
-from seqmem.runtime.measure import captured_variables, inputs_like, step_peaks, variables_restored
+from seqmem.runtime.measure import captured_variables, inputs_like, spec_of, step_peaks, variables_restored
 from seqmem.runtime.step_analysis import analyze_function, inter_op_threads
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import MemoryTrace
@@ -143,7 +142,7 @@ def profile(
             f"profile() takes a tf.function or a ConcreteFunction, got {type(step).__name__}; "
             "for a tf.Graph or GraphDef use seqmem.capture.from_tf and the analysis modules"
         )
-    specs = tf.nest.map_structure(_spec_of, inputs)
+    specs = tf.nest.map_structure(spec_of, inputs)
     for spec in tf.nest.flatten(specs):
         if not spec.shape.is_fully_defined():
             raise UnknownShapeError(
@@ -206,14 +205,6 @@ def measure_step_peak(run: Any, args: Any, function: capture.ConcreteFunction, s
         raise ValueError(f"steps must be at least 1, got {steps}")
     peaks = sorted(step_peaks(run, args, captured_variables(function), steps, warm_up=True))
     return MeasuredPeak(device.memory_device(), peaks[len(peaks) // 2], peaks[0], peaks[-1], steps)
-
-
-def _spec_of(value: Any) -> tf.TensorSpec:
-    if isinstance(value, tf.TensorSpec):
-        return value
-    if isinstance(value, (tf.Tensor, np.ndarray)):
-        return tf.TensorSpec.from_tensor(tf.convert_to_tensor(value))
-    raise TypeError(f"step inputs must be tensors or tf.TensorSpecs, got {type(value).__name__}")
 
 
 def _feature_maps(graph: Graph, anatomy: StepAnatomy, timing: Timing) -> tuple[FeatureMap, ...]:

@@ -326,3 +326,63 @@ def hard_swish_equivalence(batch, fraction, steps=3):
     optimized_losses = [float(optimized(*args)) for _ in range(steps)]
     same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(variables, copy))
     return len(optimized.plan.decisions), bool(optimized.plan.pinned_order), losses == optimized_losses, same_variables
+
+
+def inputs_counted(rows=2048, features=1024):
+    """A dense step optimized with NumPy sample inputs, and with an input signature alone: (the inputs'
+    bytes, then for each the bytes the analysis found in use before the step beyond what the process held
+    before `optimize`)."""
+    import tensorflow as tf
+
+    from seqmem.runtime import device
+    from seqmem.runtime.optimize import optimize
+
+    step, signature = _dense_step(rows, features)
+    features_array = np.random.default_rng(0).random([rows, features], np.float32)
+    labels = np.random.default_rng(1).integers(0, 10, [rows]).astype(np.int32)
+    counted = []
+    for options in (dict(sample_inputs=(features_array, labels)), dict(input_signature=signature)):
+        before = device.memory_stats().current_bytes
+        optimized = optimize(step, 1e5, calibrate=False, **options)
+        counted.append(optimized.analysis.in_use_before_bytes[""] - before)
+    return features_array.nbytes + labels.nbytes, counted
+
+
+def held_by_an_infeasible_budget_error(rows=2048, features=1024):
+    """Bytes in use on the device before `optimize` of a dense step for a budget no plan fits, and while its
+    InfeasibleBudgetError is held, after calibrating and without."""
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime import device
+    from seqmem.runtime.optimize import optimize
+
+    step, signature = _dense_step(rows, features)
+    in_use = []
+    for calibrate in (False, True):
+        before = device.memory_stats().current_bytes
+        try:
+            optimize(step, 1, input_signature=signature, calibrate=calibrate)
+        except InfeasibleBudgetError as error:
+            kept = error  # noqa: F841 - held, as a caller retrying for its smallest peak holds it
+            in_use.append((before, device.memory_stats().current_bytes))
+    return in_use
+
+
+def _dense_step(rows, features):
+    """A Keras dense classifier's training step on [rows, features] float32 features and int32 labels, traced,
+    and its input signature."""
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input([features]), tf.keras.layers.Dense(10)])
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    signature = (tf.TensorSpec([rows, features]), tf.TensorSpec([rows], tf.int32))
+    step.get_concrete_function(*signature)
+    return step, signature

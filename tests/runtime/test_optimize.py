@@ -68,6 +68,24 @@ def test_memory_the_process_holds_on_the_device_counts_in_the_prediction():
 
 
 @pytest.mark.device
+def test_the_inputs_a_call_holds_on_the_device_count_in_the_prediction():
+    # NumPy sample inputs and synthetic ones (an input signature alone) are on the device while the step is
+    # analyzed, as a call's inputs are while it runs
+    run = run_with_budget(optimize_jobs.inputs_counted, budget_mb=4096)
+    assert run.ok, run.message
+    input_bytes, counted = run.value
+    assert all(bytes_ >= input_bytes for bytes_ in counted), (input_bytes, counted)
+
+
+@pytest.mark.device
+def test_an_infeasible_budget_error_holds_no_device_memory():
+    # a caller retrying for the smallest peak the error reports plans while holding the error
+    run = run_with_budget(optimize_jobs.held_by_an_infeasible_budget_error, budget_mb=4096)
+    assert run.ok, run.message
+    assert len(run.value) == 2 and all(held == before for before, held in run.value), run.value
+
+
+@pytest.mark.device
 def test_gradients_a_loss_scale_optimizers_cond_applies_come_back_in_its_branch_and_values_hold():
     # the MLP's fp32 gradients all wait for the `If` that applies them; restored in its branch one at a time
     run = run_with_budget(optimize_jobs.loss_scaled_equivalence, 64, 0.8, budget_mb=4096)
