@@ -52,7 +52,7 @@ def peaks(step_name: str, loops: str, steps: int, batch: int = 8) -> dict[str, A
         from models.nmt.benchmark import training_step
 
         step, inputs, specs = training_step(batch, 50, 256, vocab=1000, attention=step_name)
-    optimized = optimize(step, 1e5, input_signature=specs, calibrate=False,
+    optimized = optimize(step, 1e5, input_signature=specs, sample_inputs=inputs, calibrate=False,
                          loop_parallel_iterations=None if loops == "as traced" else 1)
     run, predicted = optimized, optimized.plan.predicted_peak_before_bytes
     if loops == "bounded, lists swapped":

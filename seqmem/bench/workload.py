@@ -119,8 +119,9 @@ def measure_smallest(batch: int, workload: Workload, steps: int = 3) -> dict[str
     from seqmem.runtime.optimize import optimize
 
     step, inputs, specs = workload.build(batch, **dict(workload.options))
-    options = {"input_signature": specs, "kinds": workload.kinds, "compression": workload.compression,
-               "host_memory_mb": workload.host_memory_mb, "safety_margin": 0.0, "calibrate": False}
+    options = {"input_signature": specs, "sample_inputs": inputs, "kinds": workload.kinds,
+               "compression": workload.compression, "host_memory_mb": workload.host_memory_mb, "safety_margin": 0.0,
+               "calibrate": False}
     try:
         optimized = optimize(step, 1, **options)  # 1 MiB: a budget no training step fits
     except InfeasibleBudgetError as error:
