@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from seqmem.analyze.analysis import StepAnalysis, as_planned
 from seqmem.plan import swap_events
-from seqmem.analyze.critical_path import Timing
 from seqmem.files import save_figure
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import MemoryTrace
 from seqmem.decisions.plan import Plan
 from seqmem.units import MIB
 
-__all__ = ["plot_memory_curves", "plot_plan"]
+__all__ = ["plot_memory_curves", "plot_plan", "serial_start_ms"]
 
 _COLORS = ("0.3", "tab:blue", "tab:green", "tab:purple")
 
 
 def plot_memory_curves(
     path: str,
-    timing: Timing,
-    curves: Sequence[tuple[str, MemoryTrace]],
+    curves: Sequence[tuple[str, MemoryTrace, Mapping[str, float]]],
     *,
     title: str,
     loss_node: Optional[str] = None,
@@ -31,8 +29,9 @@ def plot_memory_curves(
 ) -> str:
     """Write a PNG of each trace's predicted device memory (persistent + live bytes) over estimated time.
 
-    curves: (label, trace) pairs, each simulated on the schedule `timing` describes.
-    loss_node: shade the first curve's forward pass (up to the loss's completion) and backward pass.
+    curves: (label, trace, cost_s) triples: each trace's nodes run one at a time in its order, each taking
+    its cost in `cost_s` (seconds), so that a curve goes forward in time whatever order it was simulated in.
+    loss_node: shade the first curve's forward pass (up to the loss) and backward pass.
     budget_bytes: draw the budget; measured: (label, bytes) of a measured peak to draw.
     The file appears whole or not at all. Returns `path`.
     """
@@ -42,15 +41,15 @@ def plot_memory_curves(
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for number, (label, trace) in enumerate(curves):
+    for number, (label, trace, cost_s) in enumerate(curves):
         device = trace.busiest()
-        times_ms = [1e3 * timing.start_s[name] for name in trace.order]
+        times_ms = serial_start_ms(trace.order, cost_s)
         total_mb = [(device.persistent_bytes + live) / MIB for live in device.live_bytes]
         axes.step(times_ms, total_mb, where="post", color=_COLORS[number % len(_COLORS)], linewidth=1,
                   label=f"{label}: predicted peak {trace.peak_bytes / MIB:.0f} MB")
         if number == 0 and loss_node is not None:
-            loss_done_ms = 1e3 * timing.completion_s[loss_node]
-            forward = [t <= loss_done_ms for t in times_ms]  # the schedule is by start time: one split
+            loss_at = trace.order.index(loss_node)
+            forward = [step <= loss_at for step in range(len(trace.order))]
             axes.fill_between(times_ms, 0, total_mb, where=forward, step="post", color="tab:blue", alpha=0.3,
                               label="forward")
             axes.fill_between(times_ms, 0, total_mb, where=[not f for f in forward], step="post",
@@ -62,7 +61,7 @@ def plot_memory_curves(
     if measured is not None:
         measured_label, measured_bytes = measured
         axes.axhline(measured_bytes / MIB, color="tab:red", linestyle="--", label=measured_label)
-    axes.set_xlabel("estimated time in step (ms)")
+    axes.set_xlabel("estimated time in step, one op at a time (ms)")
     axes.set_ylabel("device memory (MB)")
     axes.set_title(title)
     axes.legend(loc="upper left", fontsize=8)
@@ -77,5 +76,15 @@ def plot_plan(path: str, analysis: StepAnalysis, plan: Plan, *, title: str) -> s
     planned = as_planned(analysis, plan)
     after = simulate(planned.graph, planned.order, swap_events(plan, planned), allocator="bfc",
                      **planned.simulator_options())
-    curves = [("without seqmem", baseline), (f"with seqmem ({len(plan.decisions)} swaps)", after)]
-    return plot_memory_curves(path, analysis.timing, curves, title=title, budget_bytes=plan.budget_bytes)
+    curves = [("without seqmem", baseline, analysis.timing.cost_s),
+              (f"with seqmem ({len(plan.decisions)} swaps)", after, planned.timing.cost_s)]
+    return plot_memory_curves(path, curves, title=title, budget_bytes=plan.budget_bytes)
+
+
+def serial_start_ms(order: Sequence[str], cost_s: Mapping[str, float]) -> list[float]:
+    """When each node of `order` starts, in ms, the nodes run one at a time, each taking its `cost_s`."""
+    starts, now = [], 0.0
+    for name in order:
+        starts.append(1e3 * now)
+        now += cost_s[name]
+    return starts

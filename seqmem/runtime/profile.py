@@ -102,7 +102,7 @@ class Profile:
         if self.measured is not None:
             measured = (f"measured peak, median of {self.measured.steps} steps ({self.measured.device})",
                         self.measured.median_bytes)
-        return plot_memory_curves(path, self.timing, [("predicted live memory", self.memory)],
+        return plot_memory_curves(path, [("predicted live memory", self.memory, self.timing.cost_s)],
                                   title=title or "memory over one training step", loss_node=self.anatomy.loss.node,
                                   measured=measured)
 
