@@ -31,7 +31,8 @@ __all__ = ["fit_within_budget", "saved_model_step"]
 def fit_within_budget(model: tf.keras.Model, memory_budget_mb: float, **optimize_options: Any) -> tf.keras.Model:
     """Install a budget-optimized train function on a compiled `model`; returns `model`.
 
-    optimize_options: passed on to `seqmem.optimize` (e.g. safety_margin).
+    optimize_options: passed on to `seqmem.optimize` (e.g. safety_margin); each batch shape's step is
+    optimized, and calibrated, on the first batch of that shape (`sample_inputs`).
     Under a `tf.distribute` strategy (the model built in its scope) each
     replica runs the step, as Keras' own `fit` does, and every worker makes the
     same plan. Call it after `compile` (which resets the train function). Raises ValueError
@@ -64,7 +65,8 @@ def fit_within_budget(model: tf.keras.Model, memory_budget_mb: float, **optimize
         key = tuple((tuple(spec.shape), spec.dtype.name) for spec in tf.nest.flatten(specs))
         if key not in steps:
             with strategy.scope():  # several workers agree on one plan (`seqmem.runtime.workers`)
-                steps[key] = optimize(train_step, memory_budget_mb, input_signature=[specs], **optimize_options)
+                options = {"input_signature": [specs], "sample_inputs": (data,), **optimize_options}  # this batch
+                steps[key] = optimize(train_step, memory_budget_mb, **options)
         return steps[key](data)
 
     train_function.optimized_steps = steps  # by batch shapes, for inspection (e.g. .plan)
