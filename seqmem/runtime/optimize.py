@@ -292,8 +292,9 @@ def _plan_for_less(planner: Forms, arena: Arena, plan: Plan, measured: Optional[
         foreseen = "" if unplaced is None else (
             f" The bytes fit, their buffers did not (fragmentation), as the allocator model foresaw: {unplaced}.")
         raise InfeasibleBudgetError(
-            f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, and "
-            f"planning for less does not fit: {result.reason}{foreseen}",
+            f"the optimized step {seen} on the device, over the {budget_bytes / MIB:.1f} MB budget, where its "
+            f"plan predicted {plan.predicted_peak_after_bytes / MIB:.1f} MB, and no plan is predicted lower: "
+            f"{result.reason}{foreseen}",
             smallest_peak_bytes=result.smallest_peak_bytes, measured_peak_bytes=lowest_measured, floor=result.floor,
             unplaced=unplaced,
         )

@@ -427,3 +427,20 @@ def test_a_plan_that_ran_out_of_memory_where_the_allocator_model_said_it_would_s
     with pytest.raises(InfeasibleBudgetError) as raised:
         _plan_for_less(_PlannerWithoutRoom(), Arena(None), plan, None)
     assert "fragmentation" not in str(raised.value) and raised.value.unplaced is None
+
+
+def test_a_plan_measured_over_the_budget_with_none_lower_says_what_it_predicted():
+    from seqmem.errors import InfeasibleBudgetError
+    from seqmem.runtime.forms import Arena
+    from seqmem.runtime.optimize import _plan_for_less
+    from seqmem.decisions.plan import Plan
+
+    # the most-conserving plan, predicted under the budget, measured over it: the smallest peak it reports is
+    # a prediction the device did not hold to
+    plan = Plan(budget_bytes=100 << 20, target_bytes=95 << 20, predicted_peak_before_bytes=120 << 20,
+                predicted_peak_after_bytes=90 << 20)
+    with pytest.raises(InfeasibleBudgetError, match=r"peaked at 104\.0 MB on the device, over the 100\.0 MB "
+                                                    r"budget, where its plan predicted 90\.0 MB, and no plan is "
+                                                    r"predicted lower: smallest achievable peak is 90\.0 MB") as raised:
+        _plan_for_less(_PlannerWithoutRoom(), Arena(None), plan, 104 << 20, 104 << 20)
+    assert raised.value.measured_peak_bytes == 104 << 20
