@@ -128,13 +128,13 @@ def inputs_like(structure: Any) -> Any:
 
 
 def spec_of(value: Any) -> tf.TensorSpec:
-    """The TensorSpec of a step's argument: a TensorSpec, a tensor or a NumPy array. Raises TypeError for
-    anything else."""
+    """The TensorSpec of a step's argument: a TensorSpec, a tensor or a NumPy array (or scalar). Raises
+    TypeError for anything else."""
     if isinstance(value, tf.TensorSpec):
         return value
     if isinstance(value, tf.Tensor):
         return tf.TensorSpec.from_tensor(value)
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):  # what `inputs_like` copies to the device
         return tf.TensorSpec(value.shape, tf.as_dtype(value.dtype))
     raise TypeError(f"step inputs must be tensors, NumPy arrays or tf.TensorSpecs, got {type(value).__name__}")
 

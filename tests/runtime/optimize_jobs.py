@@ -349,8 +349,8 @@ def inputs_counted(rows=2048, features=1024):
 
 
 def held_by_an_infeasible_budget_error(rows=2048, features=1024):
-    """Bytes in use on the device before `optimize` of a dense step for a budget no plan fits, and while its
-    InfeasibleBudgetError is held, after calibrating and without."""
+    """Bytes in use on the device before `optimize` of a dense step for a budget no plan fits (1 MiB: none is
+    built or measured), and while its InfeasibleBudgetError is held, with calibration on and off."""
     from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime import device
     from seqmem.runtime.optimize import optimize
