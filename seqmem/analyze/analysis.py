@@ -17,6 +17,7 @@ from seqmem.analyze.critical_path import MachineModel, Timing, analyze_timing, m
 from seqmem.gc_pause import gc_paused
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.sim.schedule import executor_order, measured_order, pinned_order, schedule
+from seqmem.sim.calls import CallCharge
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.scratch import static_scratch_bytes, with_concurrent_scratch
 from seqmem.ir.backward_views import split_backward_views
@@ -45,6 +46,9 @@ class StepAnalysis:
     "" for the default device) when the step was analyzed, before it first ran; the simulator counts them
     in place of its own chunks for the variables and inputs (`sim.simulator.simulate`). Empty where
     nothing was measured.
+    calls: the `CallCharge` of each function call whose body frees arguments (`edge.bodies.body_memory`),
+    by node name: its charge in `scratch_bytes` for the arguments' bytes in `graph`, which a plan that
+    resizes them (`sim.loop_swaps`) charges again.
     default_device: the device a step's unplaced ops run on ("CPU:0", "GPU:0"; "" where not known): ops
     placed on it by name (`tf.distribute` places a worker's ops on its own device) share the default
     device's memory in the simulator.
@@ -60,6 +64,7 @@ class StepAnalysis:
     arena_reserved: bool = False
     in_use_before_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     iterations: Mapping[str, Iteration] = dataclasses.field(default_factory=dict)
+    calls: Mapping[str, CallCharge] = dataclasses.field(default_factory=dict)
     default_device: str = ""
 
     def simulator_options(self) -> dict:
@@ -104,6 +109,7 @@ def analyze_graph(
     loop_swaps: Sequence[LoopSwap] = (),
     body_bytes: Optional[Mapping[str, int]] = None,
     iterations: Optional[Mapping[str, Iteration]] = None,
+    calls: Optional[Mapping[str, CallCharge]] = None,
 ) -> StepAnalysis:
     """Analyze the training step `graph`, each backward reader of a forward view given a view of its own
     (`seqmem.ir.backward_views`; `StepAnalysis.graph` is the graph with them).
@@ -120,6 +126,7 @@ def analyze_graph(
     node name, charged to the node as scratch.
     iterations: each loop's `Iteration` (`edge.bodies.body_memory`), by node name, which the simulator
     replays through its allocator model.
+    calls: the `CallCharge` of each call whose body frees arguments (`edge.bodies.body_memory`), by node name.
     Raises NoBackwardPassError or GraphError as `analyze_step` does.
     """
     with gc_paused():  # pure Python over a possibly large graph
@@ -137,10 +144,10 @@ def analyze_graph(
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
                                 pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps),
-                                iterations=dict(iterations or {}))
+                                iterations=dict(iterations or {}), calls=dict(calls or {}))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps),
-                            iterations=dict(iterations or {}))
+                            iterations=dict(iterations or {}), calls=dict(calls or {}))
 
 
 def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
@@ -156,7 +163,7 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,
                                in_use_before_bytes=analysis.in_use_before_bytes, iterations=analysis.iterations,
-                               default_device=analysis.default_device)
+                               calls=analysis.calls, default_device=analysis.default_device)
 
 
 def as_planned(analysis: StepAnalysis, plan: Plan) -> StepAnalysis:

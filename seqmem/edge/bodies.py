@@ -59,6 +59,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from seqmem.analyze.critical_path import static_costs
@@ -69,11 +70,12 @@ from seqmem.edge.variable_shapes import with_variable_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import (FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS, FUNCTION_CALL_OPS, LIST_READ_OPS,
                                  LIST_WRITE_OPS)
+from seqmem.sim.calls import CallCharge
 from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
 
-__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "sized_bodies"]
+__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "popped_arguments", "sized_bodies"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -85,8 +87,8 @@ _HANDED_OVER_ARGUMENT = "HandedOverArgument"
 
 def handed_over(graph: Graph) -> dict[str, dict[int, int]]:
     """For each function call of `graph` with such arguments, by node name: {input index: bytes} of the
-    arguments whose buffer it alone reads (directly or through views of it; not persistent, not a list, no
-    output of the graph), which its body may free."""
+    arguments whose buffer it alone reads (directly or through views of it; not persistent, no output of
+    the graph), which its body may free."""
     outputs = set(graph.outputs)
 
     def alone(ref: TensorRef, reader: str) -> bool:
@@ -106,7 +108,7 @@ def handed_over(graph: Graph) -> dict[str, dict[int, int]]:
             continue
         for index, ref in enumerate(node.inputs):
             info = graph.tensor(ref)
-            if info.size_bytes and info.element_bytes is None and node.inputs.count(ref) == 1 and alone(ref, name):
+            if info.size_bytes and node.inputs.count(ref) == 1 and alone(ref, name):
                 result.setdefault(name, {})[index] = info.size_bytes
     return result
 
@@ -131,13 +133,16 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
 
 def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({}),
                 variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})
-                ) -> tuple[dict[str, int], dict[str, Iteration]]:
-    """`body_bytes`, and the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
+                ) -> tuple[dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
+    """`body_bytes`; the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
     order its body allocates and frees its buffers in, which the simulator replays through its allocator
-    model (`seqmem.sim.iteration`)."""
+    model (`seqmem.sim.iteration`); and the `CallCharge` of each of its own calls whose body frees
+    arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`)."""
     bodies = sized_bodies(graph_def, variables)
     measured: dict[tuple[str, bool, tuple[tuple[int, int], ...]], int] = {}
     iterations: dict[str, Iteration] = {}
+    calls: dict[tuple[str, tuple[tuple[int, int], ...]], CallCharge] = {}
+    freeing: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {}  # own calls freeing arguments: their key
 
     def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = ()) -> int:
         key = (function, loop, arguments)
@@ -146,15 +151,23 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
             body = bodies.get(function)
             nested = charged(op.node_def for op in body.get_operations())
             graph = capture.from_tf(body)
+            parameters = [TensorRef.parse(t.name).node for t in body.inputs]
             if loop:
-                parameters = [TensorRef.parse(t.name).node for t in body.inputs]
                 measured[key], iterations[function] = _iteration_bytes(graph, nested, parameters)
             else:
                 returned = [TensorRef.parse(t.name) for t in body.outputs]
-                parameters = [TensorRef.parse(t.name).node for t in body.inputs]
-                measured[key] = _call_bytes(graph, nested, returned,
-                                            {parameters[index]: size for index, size in arguments})
+                charge = _call_charge(graph, nested, returned, parameters, dict(arguments))
+                measured[key], calls[function, arguments] = charge.bytes(dict(arguments).__getitem__), charge
         return measured[key]
+
+    def freed_by(function: str, arguments: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+        """The `arguments` of a call of `function` its body may free: a list only where the body pops it."""
+        if not arguments:
+            return ()
+        body = bodies.get(function)
+        popped = popped_arguments(body, bodies)
+        return tuple(sorted((index, size) for index, size in arguments.items()
+                            if body.inputs[index].dtype != tf.variant or index in popped))
 
     def charged(nodes: Iterable[node_def_pb2.NodeDef], top: bool = False) -> dict[str, int]:
         result = {}
@@ -166,14 +179,45 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
                 continue
             key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
             if key is not None and node.attr[key].func.name in bodies:
-                arguments = tuple(sorted(handed.get(node.name, {}).items())) if top else ()
-                result[node.name] = held(node.attr[key].func.name, key == "body", arguments)
+                function = node.attr[key].func.name
+                arguments = freed_by(function, handed.get(node.name, {})) if top and key == "f" else ()
+                result[node.name] = held(function, key == "body", arguments)
+                if arguments:
+                    freeing[node.name] = (function, arguments)
         return result
 
     charges = charged(graph_def.node, top=True)
     loops = {node.name: iterations[node.attr["body"].func.name] for node in graph_def.node
              if node.name in charges and node.op in FUNCTIONAL_LOOP_OPS and node.attr["body"].func.name in iterations}
-    return charges, loops
+    return charges, loops, {name: calls[key] for name, key in freeing.items() if key in calls}
+
+
+def popped_arguments(body: tf.Graph, bodies: FunctionBodies) -> set[int]:
+    """Indices of `body`'s arguments that are lists a while loop of `body` pops (`TensorListPopBack`),
+    followed through identities: a gradient call's saved activations, which its loop frees as it pops them."""
+    popped = set()
+    for index, argument in enumerate(body.inputs):
+        if argument.dtype != tf.variant:
+            continue
+        reached = [argument]
+        while reached:
+            tensor = reached.pop()
+            for consumer in tensor.consumers():
+                if consumer.type in ("Identity", "Snapshot"):
+                    reached.append(consumer.outputs[0])
+                elif consumer.type in FUNCTIONAL_LOOP_OPS and _pops(consumer, tensor, bodies):
+                    popped.add(index)
+    return popped
+
+
+def _pops(loop: tf.Operation, value: tf.Tensor, bodies: FunctionBodies) -> bool:
+    """Whether `loop`'s body pops the list `value` it gets as a loop variable."""
+    body = bodies.get(loop.get_attr("body").name)
+    if body is None:
+        return False
+    indices = [i for i, t in enumerate(loop.inputs) if t.name == value.name and i < len(body.inputs)]
+    return any(consumer.type == "TensorListPopBack" and consumer.inputs[0].name == body.inputs[i].name
+               for i in indices for consumer in body.inputs[i].consumers())
 
 
 def iteration_order(body: Graph) -> tuple[str, ...]:
@@ -217,10 +261,11 @@ def _iteration_bytes(body: Graph, nested: dict[str, int], parameters: list[str])
     return timeline.peak_bytes - timeline.persistent_bytes, iteration
 
 
-def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef], handed: dict[str, int]) -> int:
-    """Peak live bytes of a called function's own tensors and of its `handed` arguments (bytes by parameter
-    node), less those arguments and the buffers it returns (the call's inputs and outputs, which the
-    simulator holds for the whole call), at least 0 (`nested` bytes charged to its loops and calls)."""
+def _call_charge(body: Graph, nested: dict[str, int], returned: list[TensorRef], parameters: list[str],
+                 handed: dict[int, int]) -> CallCharge:
+    """The `CallCharge` of a called function `body` run in topological order, its `handed` arguments
+    ({index among `parameters`, the argument nodes: bytes}) live from its start until their last reader ran
+    (`nested` bytes charged to its loops and calls)."""
     owners = set()
     for ref in returned:
         while ref is not None and ref not in owners:
@@ -229,12 +274,29 @@ def _call_bytes(body: Graph, nested: dict[str, int], returned: list[TensorRef], 
     returned_bytes = sum(body.tensor(ref).size_bytes or 0 for ref in owners
                          if view_source(body.node(ref.node), ref.index) is None
                          and not body.node(ref.node).persistent)
+    index_of = {parameters[index]: index for index in handed}
     if handed:
         body = body.replace(nodes=[
             dataclasses.replace(node, op=_HANDED_OVER_ARGUMENT, outputs=(
-                dataclasses.replace(node.outputs[0], size_bytes=handed[name]),)) if name in handed else node
-            for name, node in body.nodes.items()])
-    return max(0, _peak(body, body.topological_order(), nested) - sum(handed.values()) - returned_bytes)
+                dataclasses.replace(node.outputs[0], size_bytes=handed[index_of[name]]),)) if name in index_of
+            else node for name, node in body.nodes.items()])
+    order = body.topological_order()
+    trace = simulate(body, order, scratch_bytes=nested)
+    live = trace.busiest().live_bytes
+    last_read = {index: _last_step(trace.lifetimes.get(TensorRef(name, 0)), len(order))
+                 for name, index in index_of.items()}
+    peaks: dict[tuple[int, ...], int] = {}
+    for step, live_bytes in enumerate(live):
+        freed = tuple(sorted(index for index, last in last_read.items() if last < step))
+        own = live_bytes - sum(handed[index] for index, last in last_read.items() if last >= step)
+        peaks[freed] = max(peaks.get(freed, own), own)
+    return CallCharge(tuple((own, freed) for freed, own in peaks.items()), returned_bytes)
+
+
+def _last_step(lifetime: tuple[int, int] | None, steps: int) -> int:
+    """The step after which a buffer of `lifetime` (`MemoryTrace.lifetimes`) is freed; `steps` where it
+    outlives them."""
+    return steps if lifetime is None or lifetime[1] < 0 else lifetime[1]
 
 
 def _without(body: Graph, left_out: set[TensorRef]) -> Graph:
@@ -244,7 +306,3 @@ def _without(body: Graph, left_out: set[TensorRef]) -> Graph:
         for i, info in enumerate(node.outputs))) for name, node in body.nodes.items()])
 
 
-def _peak(body: Graph, order: tuple[str, ...], nested: dict[str, int]) -> int:
-    """Peak live bytes of `body`'s own tensors (arguments and constants are persistent) run in `order`."""
-    timeline = simulate(body, order, scratch_bytes=nested).busiest()
-    return timeline.peak_bytes - timeline.persistent_bytes

@@ -26,7 +26,7 @@ __all__ = ["choose_loop_swaps", "loop_swap_fields", "loop_swapped"]
 def loop_swapped(analysis: StepAnalysis, swaps: Sequence[LoopSwap], depth: int) -> StepAnalysis:
     """The analysis of the step with `swaps` made and loops bounded to `depth` iterations, as the simulator
     sees it (`seqmem.sim.loop_swaps`)."""
-    graph, scratch = with_loop_swaps(analysis.graph, analysis.scratch_bytes, swaps, depth)
+    graph, scratch = with_loop_swaps(analysis.graph, analysis.scratch_bytes, swaps, depth, analysis.calls)
     return dataclasses.replace(analysis, graph=graph, scratch_bytes=scratch)
 
 

@@ -23,6 +23,7 @@ from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
+from seqmem.sim.calls import CallCharge
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import simulate
 from seqmem.decisions.plan import BlockedHead, LoopSwap
@@ -64,10 +65,10 @@ def analyze_function(
         from seqmem.runtime.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
-    swaps, held_by_bodies, iterations = _loops_and_calls(graph)
+    swaps, held_by_bodies, iterations, calls = _loops_and_calls(graph)
     analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
                              inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies,
-                             iterations=iterations)
+                             iterations=iterations, calls=calls)
     return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before,
                                default_device=device.memory_device())
 
@@ -95,11 +96,12 @@ def _in_use_bytes() -> dict[str, int]:
         return {}
 
 
-def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration]]:
-    """The step's swappable loop accumulators, the bytes each of its loops' and calls' bodies holds, and its
-    loops' iterations."""
+def _loops_and_calls(graph: Graph
+                     ) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
+    """The step's swappable loop accumulators, the bytes each of its loops' and calls' bodies holds, its
+    loops' iterations and the charges of its calls that free arguments (`edge.bodies.body_memory`)."""
     if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
-        return [], {}, {}
+        return [], {}, {}, {}
     graph_def = capture.to_graph_def(graph)
     return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph), variable_shapes(graph)))
 

@@ -6,16 +6,20 @@ scalar string, one allocator chunk (`SERIALIZED_ELEMENT_BYTES`; measured: 258-28
 bytes per element on the emulated device). While a loop runs, up to `depth`
 iterations' elements of its swapped lists are on the device at once (the
 forward loop's before they are serialized, the gradient loop's once parsed):
-charged to both loops as scratch.
+charged to both loops as scratch. A gradient call that frees the lists it pops
+(`seqmem.sim.calls.CallCharge`) frees only their handles once they are swapped:
+it is charged again for the lists' swapped sizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from seqmem.ir.graph import Graph
 from seqmem.decisions.plan import LoopSwap
+from seqmem.sim.calls import CallCharge
 
 __all__ = ["SERIALIZED_ELEMENT_BYTES", "iterations", "with_loop_swaps"]
 
@@ -35,9 +39,10 @@ def iterations(graph: Graph, swap: LoopSwap, swaps: Sequence[LoopSwap] = ()) -> 
 
 
 def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Sequence[LoopSwap],
-                    depth: int) -> tuple[Graph, dict[str, int]]:
+                    depth: int, calls: Mapping[str, CallCharge] = MappingProxyType({})) -> tuple[Graph, dict[str, int]]:
     """`graph` with each swapped list sized as its host buffers' device handles, and `scratch_bytes` with
-    each loop charged `depth` iterations' elements of its swapped lists.
+    each loop charged `depth` iterations' elements of its swapped lists, and each call of `calls` (by node
+    name) charged for its arguments' bytes in the returned graph instead of in `graph`.
     Raises ValueError for a swap whose list or element size is unknown."""
     unsized = [swap.accumulator for swap in swaps
                if not swap.element_bytes or graph.tensor(swap.tensor).size_bytes is None]
@@ -58,4 +63,14 @@ def with_loop_swaps(graph: Graph, scratch_bytes: Mapping[str, int], swaps: Seque
                             if i in resized[name] else info for i, info in enumerate(node.outputs))
             node = dataclasses.replace(node, outputs=outputs)
         nodes.append(node)
-    return graph.replace(nodes=nodes), scratch
+    swapped = graph.replace(nodes=nodes)
+    for name, charge in calls.items():
+        if name in scratch and name in graph.nodes:
+            scratch[name] += _charge(charge, swapped, name) - _charge(charge, graph, name)
+    return swapped, scratch
+
+
+def _charge(charge: CallCharge, graph: Graph, call: str) -> int:
+    """`charge` of node `call` for its inputs' bytes in `graph`."""
+    inputs = graph.node(call).inputs
+    return charge.bytes(lambda index: graph.tensor(inputs[index]).size_bytes or 0)

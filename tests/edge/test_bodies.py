@@ -41,7 +41,7 @@ def test_a_loops_iteration_is_its_buffers_in_order_and_the_elements_it_writes():
         return tf.while_loop(lambda i, *_: i < 3, body, (tf.constant(0), h, out))[2].stack()
 
     graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
-    charges, iterations = body_memory(graph_def)
+    charges, iterations, _ = body_memory(graph_def)
     (loop, iteration), = iterations.items()
     assert iteration.peak_bytes == charges[loop]
     assert max(size for size, _, _ in iteration.buffers) == 4 * _MIB  # the tiled copy
@@ -194,3 +194,30 @@ def test_a_gradient_iteration_is_sized_from_the_masks_it_pops_too():
     # two [256, 1024] float32 gradients (1 MiB each) computed from the popped boolean mask live at once; with
     # the mask's shape unknown in the body, the select's gradient and what follows from it were sized 0
     assert len(gradient) == 1 and 0 <= gradient[0] - 2 * _MIB < 1024
+
+
+def test_a_gradient_call_frees_the_lists_its_loop_pops_and_holds_a_list_it_only_reads():
+    @tf.function(autograph=False)
+    def inner(x):  # reads a row of x per iteration from its unstacked list, as a Keras RNN reads its inputs
+        rows = tf.TensorArray(tf.float32, size=4).unstack(x)
+        return tf.reduce_sum(tf.while_loop(lambda i, h: i < 4, lambda i, h: (i + 1, tf.tanh(h) * rows.read(i)),
+                                           (tf.constant(0), tf.zeros([256, 1024])))[1])
+
+    @tf.function(autograph=False)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = inner(tf.sin(x))
+        return tape.gradient(loss, x)
+
+    graph = capture.from_tf(step.get_concrete_function(tf.TensorSpec([4, 256, 1024])))
+    handed = handed_over(graph)
+    charges, _, calls = body_memory(capture.to_graph_def(graph), handed)
+    (gradient, node), = [(name, node) for name, node in graph.nodes.items() if node.inputs and
+                         node.op == "PartitionedCall" and node.inputs[0].node == "ones"]
+    lists = {index: graph.tensor(ref).size_bytes for index, ref in enumerate(node.inputs)
+             if graph.tensor(ref).element_bytes == _MIB}  # the unstacked rows, the saved tanh(h): 4 MiB each
+    freed = {index for index in lists if any(index in before for _, before in calls[gradient].peaks)}
+    assert len(lists) == 2 and set(lists) <= set(handed[gradient])  # only the call reads either
+    assert len(freed) == 1  # the saved tanh(h), popped by the gradient loop; the rows list is only read
+    assert charges[gradient] == calls[gradient].bytes(lambda index: graph.tensor(node.inputs[index]).size_bytes or 0)

@@ -3,6 +3,7 @@
 import pytest
 
 from seqmem.ir.graph import TensorRef
+from seqmem.sim.calls import CallCharge
 from seqmem.sim.loop_swaps import SERIALIZED_ELEMENT_BYTES, iterations, with_loop_swaps
 from tests.builders import loop_training_graph
 
@@ -24,3 +25,14 @@ def test_a_list_of_unknown_size_is_refused():
     unsized = swap.__class__(**{**swap.__dict__, "element_bytes": None})
     with pytest.raises(ValueError, match="unknown size.*acc"):
         with_loop_swaps(g, {}, [unsized], depth=1)
+
+
+def test_a_call_that_frees_a_list_it_pops_is_charged_again_for_the_lists_swapped_size():
+    g, swap = loop_training_graph(iterations=10, element_bytes=MB)
+    # the gradient node's body holds 2 MB while it pops the list (input 1), then 9 MB once it has freed it
+    charge = CallCharge(peaks=((2 * MB, ()), (9 * MB, (1,))), returned_bytes=0)
+    grad = "gradient_tape/while_grad"
+    assert charge.bytes(lambda index: g.tensor(g.node(grad).inputs[index]).size_bytes) == 2 * MB
+    _, scratch = with_loop_swaps(g, {grad: 2 * MB}, [swap], depth=2, calls={grad: charge})
+    # swapped, the list frees only its handles: the 9 MB stretch counts, and the window of 2 elements
+    assert scratch[grad] == 9 * MB - 10 * SERIALIZED_ELEMENT_BYTES + 2 * MB
