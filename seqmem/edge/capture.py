@@ -55,7 +55,7 @@ from tensorflow.python.ops import handle_data_util
 
 from seqmem.edge.copy_on_read import copying_reads
 from seqmem.edge.duplicates import duplicate_nodes
-from seqmem.edge.folded_constants import folded_ops, held_constants, neutral_arithmetic
+from seqmem.edge.folded_constants import constant_ops, folded_ops, held_constants, neutral_arithmetic
 from seqmem.edge.library import FunctionBodies
 from seqmem.edge.list_sizes import ListSizer
 from seqmem.edge.passthrough import passed_through_inputs, transposes_in_place
@@ -115,8 +115,9 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
     variable_bytes = _captured_variable_bytes(tf_graph)
     bodies = FunctionBodies(graph_def.library)
     sizer = ListSizer(bodies, tf_graph, trip_counts=trip_counts)
-    constants = held_constants(tf_graph, bodies)
-    folded = folded_ops(tf_graph)
+    constant = constant_ops(tf_graph)
+    constants = held_constants(tf_graph, bodies, constant)
+    folded = folded_ops(tf_graph, constant)
     passed = passed_through_inputs(tf_graph, bodies)
     passed.update({name: {0: index} for name, index in neutral_arithmetic(tf_graph).items()})
     passed.update({name: {0: 0} for name in transposes_in_place(tf_graph)})

@@ -44,17 +44,23 @@ from seqmem.edge.sizes import static_bytes
 from seqmem.ir.op_tables import (CONST_OPS, DIVISION_OPS, FOLDED_SHAPE_OPS, FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS,
                                  MATERIALIZED_CONSTANT_OPS, NEUTRAL_ARITHMETIC_OPS, NEVER_FOLDED_OPS)
 
-__all__ = ["MAX_FOLDED_BYTES", "folded_ops", "folded_value", "held_constants", "neutral_arithmetic"]
+__all__ = ["MAX_FOLDED_BYTES", "constant_ops", "folded_ops", "folded_value", "held_constants", "neutral_arithmetic"]
 
 MAX_FOLDED_BYTES = 10 << 20  # constant folding's limit per result (ConstantFoldingOptions)
 _NEUTRAL_READER_OPS = frozenset().union(*NEUTRAL_ARITHMETIC_OPS.values())
 
 
-def held_constants(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[str, tuple[int, ...]]:
+def constant_ops(tf_graph: tf.Graph) -> dict[tf.Operation, bool]:
+    """Whether each of `tf_graph`'s own ops is constant once TensorFlow has folded the graph: what
+    `held_constants` and `folded_ops` take."""
+    return _constant_ops(tf_graph.get_operations(), {})
+
+
+def held_constants(tf_graph: tf.Graph, bodies: FunctionBodies,
+                   constant: dict[tf.Operation, bool]) -> dict[str, tuple[int, ...]]:
     """For each function call and while loop in `tf_graph`'s own ops, by op name: the bytes of each constant
     its functions hold once instantiated (see the module docstring); functions not in `bodies` are left
-    out."""
-    constant = _constant_ops(tf_graph.get_operations(), {})
+    out. constant: `constant_ops(tf_graph)`."""
     result = {}
     for op in tf_graph.get_operations():
         held = _functions_held(bodies, op, constant)
@@ -63,10 +69,10 @@ def held_constants(tf_graph: tf.Graph, bodies: FunctionBodies) -> dict[str, tupl
     return result
 
 
-def folded_ops(tf_graph: tf.Graph) -> frozenset[str]:
+def folded_ops(tf_graph: tf.Graph, constant: dict[tf.Operation, bool]) -> frozenset[str]:
     """Names of `tf_graph`'s own ops other than Const that TensorFlow replaces with constants it keeps (an
-    output read by a non-constant op, or returned): their outputs stay on the device across steps."""
-    constant = _constant_ops(tf_graph.get_operations(), {})
+    output read by a non-constant op, or returned): their outputs stay on the device across steps.
+    constant: `constant_ops(tf_graph)`."""
     returned = {t.ref() for t in getattr(tf_graph, "outputs", ())}  # a TF1 graph returns nothing
     return frozenset(op.name for op in tf_graph.get_operations()
                      if constant[op] and op.type not in CONST_OPS and _held_outputs(op, constant, returned))

@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from seqmem.edge.capture import from_tf
-from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, folded_ops, held_constants
+from seqmem.edge.folded_constants import MAX_FOLDED_BYTES, constant_ops, folded_ops, held_constants
 from seqmem.edge.library import FunctionBodies
 from seqmem.ir.graph import TensorRef, view_source
 from seqmem.sim.simulator import simulate
@@ -14,7 +14,13 @@ _SPEC = tf.TensorSpec([1000], tf.float32)  # 4000 bytes
 def _constant_bytes(outer):
     function = outer.get_concrete_function(_SPEC)
     bodies = FunctionBodies(function.graph.as_graph_def().library)
-    return {name: sum(sizes) for name, sizes in held_constants(function.graph, bodies).items()}
+    held = held_constants(function.graph, bodies, constant_ops(function.graph))
+    return {name: sum(sizes) for name, sizes in held.items()}
+
+
+def _folded(step):
+    graph = step.get_concrete_function(_SPEC).graph
+    return folded_ops(graph, constant_ops(graph))
 
 
 def test_zeros_of_a_known_shape_and_what_folds_from_them_are_held():
@@ -101,7 +107,7 @@ def test_the_steps_own_folded_nodes_are_persistent():
     def step(x):
         return tf.reduce_sum(x * tf.fill([1000], 3.0, name="threes") + tf.zeros_like(x))
 
-    assert folded_ops(step.get_concrete_function(_SPEC).graph) == {"threes"}  # the zeros are simplified away
+    assert _folded(step) == {"threes"}  # the zeros are simplified away
     graph = from_tf(step, [_SPEC])
     assert graph.node("threes").folded and graph.node("threes").persistent
     trace = simulate(graph, graph.topological_order())
@@ -118,7 +124,7 @@ def test_a_fill_of_a_variables_shape_is_computed_every_step():
         zeros = tf.zeros(tf.raw_ops.VariableShape(input=variable.handle), name="zeros")
         return tf.reduce_sum(tf.concat([zeros, x], 0))
 
-    assert folded_ops(step.get_concrete_function(_SPEC).graph) == frozenset()
+    assert _folded(step) == frozenset()
 
 
 def test_a_loop_holds_the_constants_its_body_reads_and_not_those_nothing_reads():
