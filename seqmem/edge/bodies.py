@@ -46,11 +46,16 @@ for the loop output that list becomes.
 An argument whose buffer only its call reads (`handed_over`) is not held for
 the whole call: inlined, the call frees it once the last of its body's readers
 ran. Such a body is simulated with the argument live from its start, and
-charged its peak less the argument's bytes, which the simulator counts as the
-call's input (at least 0: where the body frees more than it then allocates, the
-simulator still holds the argument). A Keras LSTM's backward call frees the
+charged, as a `seqmem.sim.calls.CallCharge`, the most any stretch of it holds
+less the arguments freed before that stretch, which the simulator counts as the
+call's inputs throughout (at least 0). A Keras LSTM's backward call frees the
 incoming [batch, time, units] gradient once it has transposed it, before its
-gradient loop.
+gradient loop. A list argument counts only where a loop of the body pops it: a
+gradient call's saved activations, popped and freed element by element, all
+freed by the loop's end (held whole until then). A list the body only reads may
+hold elements another list holds too (a Keras RNN's unstacked inputs, pushed
+again as its saved inputs and sized 0 there: `seqmem.edge.list_sizes`), freed
+only as that list is popped: it is held for the whole call.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
 
-__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "popped_arguments", "sized_bodies"]
+__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "sized_bodies"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -165,7 +170,7 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
         if not arguments:
             return ()
         body = bodies.get(function)
-        popped = popped_arguments(body, bodies)
+        popped = _popped_arguments(body, bodies)
         return tuple(sorted((index, size) for index, size in arguments.items()
                             if body.inputs[index].dtype != tf.variant or index in popped))
 
@@ -192,7 +197,7 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
     return charges, loops, {name: calls[key] for name, key in freeing.items() if key in calls}
 
 
-def popped_arguments(body: tf.Graph, bodies: FunctionBodies) -> set[int]:
+def _popped_arguments(body: tf.Graph, bodies: FunctionBodies) -> set[int]:
     """Indices of `body`'s arguments that are lists a while loop of `body` pops (`TensorListPopBack`),
     followed through identities: a gradient call's saved activations, which its loop frees as it pops them."""
     popped = set()
