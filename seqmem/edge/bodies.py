@@ -70,6 +70,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from seqmem.analyze.critical_path import static_costs
 from seqmem.edge import capture
 from seqmem.edge.library import FunctionBodies, branches
+from seqmem.edge.list_sizes import list_uses
 from seqmem.edge.loop_swap import with_popped_shapes
 from seqmem.edge.variable_shapes import with_variable_shapes
 from seqmem.ir.graph import Graph, TensorRef, view_source
@@ -217,12 +218,7 @@ def _popped_arguments(body: tf.Graph, bodies: FunctionBodies) -> set[int]:
 
 def _pops(loop: tf.Operation, value: tf.Tensor, bodies: FunctionBodies) -> bool:
     """Whether `loop`'s body pops the list `value` it gets as a loop variable."""
-    body = bodies.get(loop.get_attr("body").name)
-    if body is None:
-        return False
-    indices = [i for i, t in enumerate(loop.inputs) if t.name == value.name and i < len(body.inputs)]
-    return any(consumer.type == "TensorListPopBack" and consumer.inputs[0].name == body.inputs[i].name
-               for i in indices for consumer in body.inputs[i].consumers())
+    return any(t.name == value.name and list_uses(loop, index, bodies)[0] for index, t in enumerate(loop.inputs))
 
 
 def iteration_order(body: Graph) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from seqmem.ir.graph import loop_value_buffer
 from seqmem.ir.op_tables import (FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS, LIST_PASSTHROUGH_OPS, LIST_WRITE_OPS,
                                  SHARED_ELEMENT_OPS, VIEW_OPS)
 
-__all__ = ["ListSizer", "constant_trip_count", "unbounded_loops"]
+__all__ = ["ListSizer", "constant_trip_count", "list_uses", "unbounded_loops"]
 
 _MAX_VARIANT_DEPTH = 64
 
@@ -79,7 +79,7 @@ class ListSizer:
         if op.type in FUNCTIONAL_LOOP_OPS:
             if index >= len(op.inputs):
                 return None
-            popped, written = self._list_uses(op, index)
+            popped, written = list_uses(op, index, self._bodies)
             if popped:
                 return 0, None  # a gradient loop consuming saved activations: the list leaves it empty
             if written and all(value.op.type in SHARED_ELEMENT_OPS for value in written):
@@ -102,29 +102,6 @@ class ListSizer:
             return self._size(call_op.inputs[arguments.index(op)], callers[:-1], trip_count, depth + 1, filled,
                               written)
         return None
-
-    def _list_uses(self, loop: tf.Operation, index: int) -> tuple[bool, list[tf.Tensor]]:
-        """For loop variable `index`: whether the body pops from it (TensorListPopBack), and the values it
-        writes to it (TensorListPushBack, TensorListSetItem: a TensorArray's write).
-
-        A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
-        empties it; one that pushes a variable's value each iteration (ReadVariableOp: the variable's
-        buffer) or elements of another list (TensorListGetItem, a Keras RNN saving its inputs) holds no
-        buffer of its own.
-        """
-        body = self._bodies.get(loop.get_attr("body").name)
-        if body is None or index >= len(body.inputs):
-            return False, []
-        popped, written = False, []
-        variable = body.inputs[index]
-        for consumer in variable.consumers():
-            if consumer.inputs[0].name != variable.name:  # reads the variable otherwise than as its list
-                continue
-            if consumer.type == "TensorListPopBack":
-                popped = True
-            elif consumer.type in LIST_WRITE_OPS:
-                written.append(consumer.inputs[LIST_WRITE_OPS[consumer.type]])
-        return popped, written
 
     def _lists_sharing_elements(self, loop: tf.Operation) -> frozenset[int]:
         """Loop variables whose list is an accumulator (only pushed to, as a gradient's saved activations
@@ -184,6 +161,31 @@ class ListSizer:
             return None
         element_bytes = static_bytes(op.get_attr("element_dtype"), shape.merge_with(written))
         return None if element_bytes is None else (count * element_bytes, element_bytes)
+
+
+def list_uses(loop: tf.Operation, index: int, bodies: FunctionBodies) -> tuple[bool, list[tf.Tensor]]:
+    """For loop variable `index`: whether the body pops from it (TensorListPopBack), and the values it
+    writes to it (TensorListPushBack, TensorListSetItem: a TensorArray's write).
+
+    A loop that pops the list (a gradient loop consuming the forward loop's saved activations)
+    empties it; one that pushes a variable's value each iteration (ReadVariableOp: the variable's
+    buffer) or elements of another list (TensorListGetItem, a Keras RNN saving its inputs) holds no
+    buffer of its own.
+    """
+    body = bodies.get(loop.get_attr("body").name)
+    if body is None or index >= len(body.inputs):
+        return False, []
+    popped, written = False, []
+    variable = body.inputs[index]
+    for consumer in variable.consumers():
+        if consumer.inputs[0].name != variable.name:  # reads the variable otherwise than as its list
+            continue
+        if consumer.type == "TensorListPopBack":
+            popped = True
+        elif consumer.type in LIST_WRITE_OPS:
+            written.append(consumer.inputs[LIST_WRITE_OPS[consumer.type]])
+    return popped, written
+
 
 
 def constant_trip_count(loop: tf.Operation, bodies: FunctionBodies) -> int | None:
