@@ -23,7 +23,7 @@ def plot_memory_curves(
     curves: Sequence[tuple[str, MemoryTrace, Mapping[str, float]]],
     *,
     title: str,
-    loss_node: Optional[str] = None,
+    loss_nodes: Sequence[str] = (),
     budget_bytes: Optional[int] = None,
     measured: Optional[tuple[str, int]] = None,
 ) -> str:
@@ -31,7 +31,7 @@ def plot_memory_curves(
 
     curves: (label, trace, cost_s) triples: each trace's nodes run one at a time in its order, each taking
     its cost in `cost_s` (seconds), so that a curve goes forward in time whatever order it was simulated in.
-    loss_node: shade the first curve's forward pass (up to the loss) and backward pass.
+    loss_nodes: shade the first curve's forward pass (up to the last loss to run) and backward pass.
     budget_bytes: draw the budget; measured: (label, bytes) of a measured peak to draw.
     The file appears whole or not at all. Returns `path`.
     """
@@ -47,8 +47,8 @@ def plot_memory_curves(
         total_mb = [(device.persistent_bytes + live) / MIB for live in device.live_bytes]
         axes.step(times_ms, total_mb, where="post", color=_COLORS[number % len(_COLORS)], linewidth=1,
                   label=f"{label}: predicted peak {trace.peak_bytes / MIB:.0f} MB")
-        if number == 0 and loss_node is not None:
-            loss_at = trace.order.index(loss_node)
+        if number == 0 and loss_nodes:
+            loss_at = max(trace.order.index(node) for node in loss_nodes)
             forward = [step <= loss_at for step in range(len(trace.order))]
             axes.fill_between(times_ms, 0, total_mb, where=forward, step="post", color="tab:blue", alpha=0.3,
                               label="forward")

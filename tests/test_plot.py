@@ -22,7 +22,7 @@ def test_a_curve_goes_forward_in_time_in_an_order_that_is_not_by_earliest_start(
     monkeypatch.setattr(plot, "save_figure", lambda figure, path: figures.append(figure) or path)
     trace = simulate(analysis.graph, order)
     plot.plot_memory_curves(str(tmp_path / "curve.png"), [("as run", trace, analysis.timing.cost_s)],
-                            title="t", loss_node=analysis.anatomy.loss.node)
+                            title="t", loss_nodes=[ref.node for ref in analysis.anatomy.losses])
     (line,) = figures[0].axes[0].lines[:1]
     times = list(line.get_xdata())
     assert len(times) == len(order) and times == sorted(times)

@@ -145,15 +145,25 @@ def digest(variables) -> str:
 
 
 def loss_found(analysis) -> dict[str, Any]:
-    """The loss seqmem found, and whether it is the tensor the step returns or that tensor scaled (an op
-    that reads it directly, as `LossScaleOptimizer.get_scaled_loss` multiplies it); a data-parallel step
-    returns every worker's loss summed (an all-reduce of it, packed and unpacked by reshapes and a split)."""
+    """The losses seqmem found, and whether they are the tensor the step returns, that tensor scaled (an op
+    that reads it directly, as `LossScaleOptimizer.get_scaled_loss` multiplies it), or the terms it sums
+    (a GAN's step returns its two losses summed); a data-parallel step returns every worker's loss summed
+    (an all-reduce of it, packed and unpacked by reshapes and a split)."""
     graph = analysis.graph
     (returned,) = graph.outputs  # every zoo step returns its loss alone
     node = graph.node(returned.node)
     while node.op in ("Identity", "Reshape", "SplitV", "CollectiveReduceV2"):
         returned = node.inputs[0]
         node = graph.node(returned.node)
-    found = analysis.anatomy.loss
-    correct = found == returned or returned in graph.node(found.node).inputs
-    return {"loss": f"{found.node}:{found.index}", "loss_correct": correct}
+    found = analysis.anatomy.losses
+    scaled = len(found) == 1 and returned in graph.node(found[0].node).inputs
+    correct = set(found) in ({returned}, _summed_terms(graph, returned)) or scaled
+    return {"loss": ", ".join(f"{ref.node}:{ref.index}" for ref in found), "loss_correct": correct}
+
+
+def _summed_terms(graph, ref) -> set:
+    """The tensors the adds that make `ref` sum (`ref` itself where an add does not make it)."""
+    node = graph.node(ref.node)
+    if node.op not in ("Add", "AddV2", "AddN"):
+        return {ref}
+    return set().union(*(_summed_terms(graph, term) for term in node.inputs))

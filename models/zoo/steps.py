@@ -2,8 +2,8 @@
 
 Each builder takes the batch size and returns a `ZooStep`: a tf.function
 training step that returns the loss it differentiates (under a mixed-precision
-`LossScaleOptimizer`, the unscaled loss), the step's arguments, and every
-variable a call may change. Builders seed Keras (`set_random_seed(0)`) and
+`LossScaleOptimizer`, the unscaled loss; a GAN's two losses summed), the step's
+arguments, and every variable a call may change. Builders seed Keras (`set_random_seed(0)`) and
 draw their inputs from a seeded generator, so two processes that build the
 same step at the same batch start from the same weights and inputs. Optimizer
 slots are created before the step is traced, as a training loop's first
@@ -321,6 +321,99 @@ def recommender(batch: int) -> ZooStep:
     return _built(model, optimizer, _tape_step(model, optimizer, loss_of), *inputs)
 
 
+def unet_segmentation(batch: int) -> ZooStep:
+    """A U-Net on 64 x 64 images: three levels of two convolutions (batch norm on the second), max pooling
+    down, `Conv2DTranspose` up, each level's features concatenated back; per-pixel sparse cross-entropy over
+    5 classes (Adam)."""
+    tf.keras.utils.set_random_seed(0)
+    layers = tf.keras.layers
+    images = tf.keras.Input([64, 64, 3])
+    x, skips = images, []
+    for filters in (16, 32, 64):
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same", activation="relu")(x))
+        skips.append(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(128, 3, padding="same", activation="relu")(x)
+    for filters, skip in zip((64, 32, 16), reversed(skips)):
+        x = layers.Concatenate()([layers.Conv2DTranspose(filters, 2, strides=2)(x), skip])
+        x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    model = tf.keras.Model(images, layers.Conv2D(5, 1)(x))
+    optimizer = tf.keras.optimizers.Adam(1e-3)
+    rng = np.random.default_rng(0)
+    inputs = (rng.standard_normal([batch, 64, 64, 3]).astype(np.float32),
+              rng.integers(0, 5, [batch, 64, 64]).astype(np.int32))
+    return _built(model, optimizer, _tape_step(model, optimizer, _classification_loss), *inputs)
+
+
+def multitask_mobilenet(batch: int) -> ZooStep:
+    """A MobileNetV2 trunk (32 x 32) with two heads, 10 classes and a 4-number box, L2-regularized; the loss
+    is the sum of a sparse cross-entropy, a mean squared error and the regularization terms (SGD with
+    momentum)."""
+    tf.keras.utils.set_random_seed(0)
+    layers, l2 = tf.keras.layers, tf.keras.regularizers.L2(1e-4)
+    trunk = tf.keras.applications.MobileNetV2(input_shape=(32, 32, 3), include_top=False, weights=None)
+    features = layers.GlobalAveragePooling2D()(trunk.output)
+    model = tf.keras.Model(trunk.input, [layers.Dense(10, kernel_regularizer=l2)(features),
+                                         layers.Dense(4, kernel_regularizer=l2)(features)])
+    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    cross_entropy = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    squared_error = tf.keras.losses.MeanSquaredError()
+
+    def loss_of(model, images, labels, boxes):
+        classes, box = model(images, training=True)
+        return cross_entropy(labels, classes) + squared_error(boxes, box) + tf.add_n(model.losses)
+
+    images, labels = _images(batch, 32, 10)
+    boxes = np.random.default_rng(1).random([batch, 4]).astype(np.float32)
+    return _built(model, optimizer, _tape_step(model, optimizer, loss_of), images, labels, boxes)
+
+
+def dcgan(batch: int) -> ZooStep:
+    """TensorFlow's DCGAN tutorial step on 28 x 28 images: a generator of `Conv2DTranspose` + batch norm from
+    100 normal noise numbers (`tf.random.normal` in the step), a discriminator of strided convolutions with
+    dropout 0.3; each loss differentiated by its own tape, each network updated by its own Adam; the step
+    returns the two losses summed."""
+    tf.keras.utils.set_random_seed(0)
+    layers = tf.keras.layers
+
+    def upsampling(filters, strides):
+        return [layers.Conv2DTranspose(filters, 5, strides, padding="same", use_bias=False),
+                layers.BatchNormalization(), layers.LeakyReLU()]
+
+    generator = tf.keras.Sequential(
+        [tf.keras.Input([100]), layers.Dense(7 * 7 * 128, use_bias=False), layers.BatchNormalization(),
+         layers.LeakyReLU(), layers.Reshape((7, 7, 128))] + upsampling(64, 1) + upsampling(32, 2)
+        + [layers.Conv2DTranspose(1, 5, 2, padding="same", activation="tanh")])
+    discriminator = tf.keras.Sequential(
+        [tf.keras.Input([28, 28, 1]), layers.Conv2D(64, 5, 2, padding="same"), layers.LeakyReLU(),
+         layers.Dropout(0.3), layers.Conv2D(128, 5, 2, padding="same"), layers.LeakyReLU(), layers.Dropout(0.3),
+         layers.Flatten(), layers.Dense(1)])
+    cross_entropy = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+    optimizers = tf.keras.optimizers.Adam(1e-4), tf.keras.optimizers.Adam(1e-4)
+    networks = generator, discriminator
+    for optimizer, network in zip(optimizers, networks):
+        optimizer.build(network.trainable_variables)
+
+    @tf.function
+    def step(images):
+        noise = tf.random.normal([batch, 100])
+        with tf.GradientTape() as generator_tape, tf.GradientTape() as discriminator_tape:
+            real, fake = discriminator(images, training=True), discriminator(generator(noise, training=True),
+                                                                             training=True)
+            generator_loss = cross_entropy(tf.ones_like(fake), fake)
+            discriminator_loss = cross_entropy(tf.ones_like(real), real) + cross_entropy(tf.zeros_like(fake), fake)
+        for tape, loss, optimizer, network in zip((generator_tape, discriminator_tape),
+                                                  (generator_loss, discriminator_loss), optimizers, networks):
+            variables = network.trainable_variables
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return generator_loss + discriminator_loss
+
+    images = np.random.default_rng(0).standard_normal([batch, 28, 28, 1]).astype(np.float32)
+    variables = tuple(v for network in networks for v in network.variables)
+    return ZooStep(step, (on_device(images),), variables + tuple(v for o in optimizers for v in o.variables))
+
+
 @dataclass(frozen=True)
 class ZooModel:
     """family: what kind of model; build: batch -> ZooStep; batch: where its feature maps outweigh its weights
@@ -358,4 +451,7 @@ STEPS: dict[str, ZooModel] = {
     "bidirectional_gru": ZooModel(_RECURRENT, bidirectional_gru_classifier, 64),
     "stacked_lstm_lm": ZooModel(_RECURRENT, stacked_lstm_lm, 64),
     "recommender": ZooModel("embeddings (wide and deep)", recommender, 4096),
+    "unet": ZooModel("segmentation (U-Net)", unet_segmentation, 32),
+    "multitask_mobilenet": ZooModel("multi-task (summed losses, L2)", multitask_mobilenet, 64),
+    "dcgan": ZooModel("GAN (two tapes)", dcgan, 256),
 }

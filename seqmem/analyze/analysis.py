@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
-from seqmem.analyze.anatomy import StepAnatomy, analyze_step
+from seqmem.analyze.anatomy import LossNames, StepAnatomy, analyze_step
 from seqmem.analyze.critical_path import MachineModel, Timing, analyze_timing, measured_costs, static_costs
 from seqmem.gc_pause import gc_paused
-from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.graph import Graph
 from seqmem.sim.schedule import executor_order, measured_order, pinned_order, schedule
 from seqmem.sim.calls import CallCharge
 from seqmem.sim.iteration import Iteration
@@ -101,7 +101,7 @@ class StepAnalysis:
 def analyze_graph(
     graph: Graph,
     *,
-    loss: Union[str, TensorRef, None] = None,
+    loss: LossNames = None,
     machine: MachineModel = MachineModel(),
     op_time_s: Optional[Mapping[str, float]] = None,
     measured_scratch_bytes: Optional[Mapping[str, int]] = None,
@@ -133,17 +133,18 @@ def analyze_graph(
         anatomy = analyze_step(graph, loss)
         split = split_backward_views(graph, anatomy.forward, anatomy.backward)
         if split is not graph:
-            graph, anatomy = split, analyze_step(split, anatomy.loss)
+            graph, anatomy = split, analyze_step(split, anatomy.losses)
         cost_s = static_costs(graph, machine)
         if op_time_s is not None:
             cost_s = measured_costs(graph, op_time_s, cost_s)
-        timing = analyze_timing(graph, cost_s, anatomy.loss.node)
+        loss_nodes = [ref.node for ref in anatomy.losses]
+        timing = analyze_timing(graph, cost_s, loss_nodes)
         scratch = static_scratch_bytes(graph)
         scratch.update(measured_scratch_bytes or {})
         scratch.update(body_bytes or {})
         if inter_op_threads == 1:
             return StepAnalysis(graph, anatomy, timing, executor_order(graph, cost_s), scratch,
-                                pinned_order(graph, timing, anatomy.loss.node), tuple(loop_swaps),
+                                pinned_order(graph, timing, loss_nodes), tuple(loop_swaps),
                                 iterations=dict(iterations or {}), calls=dict(calls or {}))
         scratch = with_concurrent_scratch(scratch, timing, inter_op_threads)
         return StepAnalysis(graph, anatomy, timing, schedule(graph, timing), scratch, loop_swaps=tuple(loop_swaps),
@@ -157,8 +158,9 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
     barriers = gradient_barriers(analysis.graph)
     if not barriers or not analysis.pinned_order:
         return None
-    loss = barrier_source(analysis.graph, analysis.anatomy.loss, barriers)  # a custom gradient's loss: its input
-    split = analyze_graph(split_barriers(analysis.graph, barriers), loss=loss,
+    # a custom gradient's loss: its input
+    losses = [barrier_source(analysis.graph, ref, barriers) for ref in analysis.anatomy.losses]
+    split = analyze_graph(split_barriers(analysis.graph, barriers), loss=losses,
                           op_time_s=analysis.timing.cost_s, measured_scratch_bytes=analysis.scratch_bytes,
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,

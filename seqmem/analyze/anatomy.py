@@ -9,21 +9,25 @@ read only by backward (shapes, zeros for a loop's unused outputs). Gradient-scop
 ops that feed the forward pass stay forward: `while_v2` creates a forward loop's
 gradient accumulators under the tape's scope and makes the forward loop fill them.
 
-The loss is given, or read off the seed: the `x` of `OnesLike(x)` or
-`Fill(Shape(x), 1)`; for a constant seed, the forward op that the ops reading the
-seed differentiate (their scope names it: `gradient_tape/<op>/...`,
-`gradients/<op>_grad/...`), verified by computation: at least half of the
-tensors computed from the step's data that the backward pass reads must be the
-loss or made by its ancestors (not all: a loop's gradient also reads zeros made
-for the loop's unused outputs, an embedding's update the ids). Without such a
-hint (a root-scope loss's gradient sits at `gradient_tape/` itself), the float
-scalar outside the backward pass that covers the most of those tensors, then the
-one with the fewest ancestors, and at least half of those any scored scalar
-covers (what none is computed from, such as a sparse optimizer's unique ids,
-tells none apart). When the step differentiates
-several scalars, `analyze_step` raises and asks for `loss=`; when the scalars
-tie or none covers half, it plans for the one computed from the most of the step
-and logs a warning that names it and asks for `loss=` if it is another.
+The losses are given, or read off the seeds: the `x` of `OnesLike(x)` or
+`Fill(Shape(x), 1)`; for a constant seed, the forward ops that the ops reading
+the seed differentiate (their scope names each: `gradient_tape/<op>/...`,
+`gradients/<op>_grad/...`). A step has several losses where it differentiates
+several scalars: two tapes (a GAN's generator and discriminator losses), a list
+of targets (`tape.gradient([a, b], ...)`), or a sum of scalars (`a + b`: the
+gradient of an add of two scalars is the seed itself, so the seed is read by
+the gradients of the terms and the sum is not differentiated). The losses are
+verified by computation: at least half of the tensors computed from the step's
+data that the backward pass reads must be a loss or made by a loss's ancestors
+(not all: a loop's gradient also reads zeros made for the loop's unused outputs,
+an embedding's update the ids). Without such a hint (a root-scope loss's
+gradient sits at `gradient_tape/` itself), the float scalar outside the backward
+pass that covers the most of those tensors, then the one with the fewest
+ancestors, and at least half of those any scored scalar covers (what none is
+computed from, such as a sparse optimizer's unique ids, tells none apart). When
+several seeds name no loss, `analyze_step` raises and asks for `loss=`; when the
+scalars tie or none covers half, it plans for the one computed from the most of
+the step and logs a warning that names it and asks for `loss=` if it is another.
 """
 
 from __future__ import annotations
@@ -31,16 +35,20 @@ from __future__ import annotations
 import logging
 import re
 import struct
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from seqmem.errors import GraphError, NoBackwardPassError
 from seqmem.ir.graph import Graph, TensorRef, view_source
 
-__all__ = ["StepAnatomy", "analyze_step", "GRADIENT_SCOPE"]
+__all__ = ["StepAnatomy", "analyze_step", "GRADIENT_SCOPE", "LossNames"]
 
 _log = logging.getLogger(__name__)
+
+# how a caller names the losses: one tensor ("name" or "name:0", or a TensorRef), several, or None (found)
+LossNames = Union[str, TensorRef, Sequence[Union[str, TensorRef]], None]
 
 GRADIENT_SCOPE = re.compile(r"(^|/)(gradient_tape|gradients(_\d+)?)/")
 _FLOAT_DTYPES = frozenset({"bfloat16", "float16", "float32", "float64"})
@@ -55,27 +63,28 @@ _SCORED_SCALARS = 32  # without a seed's hint, how many scalars (those with the 
 class StepAnatomy:
     """The parts of a training step.
 
-    loss: the scalar the backward pass differentiates.
-    forward: the loss's node and all its ancestors.
+    losses: the scalars the backward pass differentiates: one for most steps, several where it differentiates
+    several (a sum, a list, two tapes: module docstring).
+    forward: the losses' nodes and all their ancestors.
     backward: what the gradient seed reaches, and the gradient-scope nodes only it reads, minus `forward`.
     feature_maps: tensors produced in `forward` and read in `backward`, excluding
     persistent memory (parameters, constants, inputs) and views of it; in
     topological order of their producers.
     """
 
-    loss: TensorRef
+    losses: tuple[TensorRef, ...]
     forward: frozenset[str]
     backward: frozenset[str]
     feature_maps: tuple[TensorRef, ...]
 
 
-def analyze_step(graph: Graph, loss: str | TensorRef | None = None) -> StepAnatomy:
-    """Split `graph` into forward and backward passes around its loss.
+def analyze_step(graph: Graph, loss: LossNames = None) -> StepAnatomy:
+    """Split `graph` into forward and backward passes around its losses.
 
-    loss: the loss tensor ("name" or "name:0"); found from the gradient seed when None (module docstring).
-    Raises NoBackwardPassError when the graph computes no gradients, or when `loss` is None and the loss
-    cannot be told apart (the message says why and asks for `loss=`); GraphError when `loss` names no
-    tensor of the graph.
+    loss: the loss tensor ("name" or "name:0") or a sequence of them; found from the gradient seeds when
+    None (module docstring). Raises NoBackwardPassError when the graph computes no gradients, or when
+    `loss` is None and the losses cannot be told apart (the message says why and asks for `loss=`);
+    GraphError when `loss` names no tensor of the graph.
     """
     hints = frozenset(name for name in graph.nodes if GRADIENT_SCOPE.search(name))
     if not hints:
@@ -88,14 +97,12 @@ def analyze_step(graph: Graph, loss: str | TensorRef | None = None) -> StepAnato
         backward_all = _backward(graph, seeds, hints)
     else:  # a seed given by the caller (output_gradients): the scope names the backward pass
         backward_all = hints | graph.descendants(hints)
-    if loss is not None:
-        loss_ref = _given_loss(graph, loss)
-    else:
-        loss_ref = _found_loss(graph, seeds, backward_all)
-    forward = graph.ancestors([loss_ref.node]) | {loss_ref.node}
+    losses = _given_losses(graph, loss) if loss is not None else _found_losses(graph, seeds, backward_all)
+    nodes = [ref.node for ref in losses]
+    forward = graph.ancestors(nodes) | set(nodes)
     backward = backward_all - forward
     return StepAnatomy(
-        loss=loss_ref,
+        losses=losses,
         forward=frozenset(forward),
         backward=frozenset(backward),
         feature_maps=_feature_maps(graph, forward, backward),
@@ -164,27 +171,32 @@ def _backward(graph: Graph, seeds: tuple[str, ...], hints: frozenset[str]) -> fr
     return frozenset(backward)
 
 
-def _given_loss(graph: Graph, loss: str | TensorRef) -> TensorRef:
-    ref = TensorRef.parse(loss) if isinstance(loss, str) else loss
-    if ref.node not in graph:
-        raise GraphError(f"loss={loss!r} names no node of the graph; give the loss tensor's name, e.g. 'Mean:0'")
-    graph.tensor(ref)
-    return ref
+def _given_losses(graph: Graph, loss: str | TensorRef | Sequence[str | TensorRef]) -> tuple[TensorRef, ...]:
+    given = [loss] if isinstance(loss, (str, TensorRef)) else list(loss)
+    if not given:
+        raise GraphError("loss=() names no tensor; give the loss tensor's name, e.g. 'Mean:0', or leave it out")
+    refs = []
+    for name in given:
+        ref = TensorRef.parse(name) if isinstance(name, str) else name
+        if ref.node not in graph:
+            raise GraphError(f"loss={name!r} names no node of the graph; give the loss tensor's name, e.g. 'Mean:0'")
+        graph.tensor(ref)
+        refs.append(ref)
+    return tuple(dict.fromkeys(refs))
 
 
-def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) -> TensorRef:
+def _found_losses(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) -> tuple[TensorRef, ...]:
     read = _activations_read(graph, backward)
     hinted = []
     for seed in seeds:
         seeded = _seeded_from(graph, seed)
         hinted += [seeded] if seeded is not None else _differentiated(graph, seed, backward)
     hinted = list(dict.fromkeys(hinted))
-    if len(hinted) > 1 or (len(seeds) > 1 and not hinted):
-        which = f" ({', '.join(str(r) for r in hinted[:4])})" if hinted else ""
-        raise NoBackwardPassError(f"could not find the loss: the step starts {len(seeds)} gradient computations"
-                                  f"{which}; name the loss to plan for with loss=...")
-    if hinted and 2 * _covered(graph, hinted[0], read) >= len(read):
-        return hinted[0]
+    if len(seeds) > 1 and not hinted:
+        raise NoBackwardPassError(f"could not find the loss: the step starts {len(seeds)} gradient computations "
+                                  "and none names what it differentiates; name the losses with loss=...")
+    if hinted and 2 * len(frozenset().union(*(_covering(graph, ref, read) for ref in hinted))) >= len(read):
+        return tuple(hinted)
     candidates = [ref for name in graph.topological_order() if name not in backward
                   and not graph.node(name).persistent for ref in _outputs(graph, name) if _is_float_scalar(graph, ref)]
     if not candidates:
@@ -203,13 +215,13 @@ def _found_loss(graph: Graph, seeds: tuple[str, ...], backward: frozenset[str]) 
     score = {ref: (len(covering[ref]), -ancestors[ref]) for ref in candidates}
     ranked = sorted(candidates, key=score.__getitem__, reverse=True)
     if 2 * score[ranked[0]][0] >= len(read) > 0 and (len(ranked) == 1 or score[ranked[0]] != score[ranked[1]]):
-        return ranked[0]
+        return (ranked[0],)
     # the scalar computed from the most of the step; of equals, the last to run
     position = {name: i for i, name in enumerate(graph.topological_order())}
     guess = max(candidates, key=lambda ref: (ancestors[ref], position[ref.node]))
     _log.warning("seqmem: the loss could not be told apart by what the gradient reads; planning for %s, the "
                  "scalar computed from the most of the step; pass loss=... if it is another", guess)
-    return guess
+    return (guess,)
 
 
 def _differentiated(graph: Graph, seed: str, backward: frozenset[str]) -> list[TensorRef]:
@@ -230,11 +242,6 @@ def _activations_read(graph: Graph, backward: frozenset[str]) -> frozenset[Tenso
     from_data = graph.descendants(data)
     return frozenset(ref for name in backward for ref in graph.node(name).inputs
                      if ref.node not in backward and ref.node in from_data and _holds_activation(graph, ref))
-
-
-def _covered(graph: Graph, ref: TensorRef, read: frozenset[TensorRef]) -> int:
-    """How many tensors of `read` are `ref` or made by one of its ancestors."""
-    return len(_covering(graph, ref, read))
 
 
 def _covering(graph: Graph, ref: TensorRef, read: frozenset[TensorRef]) -> frozenset[TensorRef]:

@@ -15,7 +15,7 @@ Costs come from one of two sources:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from seqmem.ir.graph import Graph, Node, TensorRef
@@ -166,8 +166,8 @@ def _sole_consumer_chain_end(graph: Graph, node: Node, op_time_s: Mapping[str, f
 class Timing:
     """Result of `analyze_timing`; all times in seconds from the start of the step.
 
-    distance_to_loss_s: for the loss node and its ancestors, the length of the
-    longest path from the node's completion to the loss's completion.
+    distance_to_loss_s: for the loss nodes and their ancestors, the length of the
+    longest path from the node's completion to a loss's completion.
     critical_path: node names along the longest path through the whole graph.
     """
 
@@ -181,10 +181,10 @@ class Timing:
     critical_path: tuple[str, ...]
 
 
-def analyze_timing(graph: Graph, cost_s: Mapping[str, float], loss_node: str | None = None) -> Timing:
+def analyze_timing(graph: Graph, cost_s: Mapping[str, float], loss_nodes: Collection[str] = ()) -> Timing:
     """ASAP schedule, slack and critical path of `graph` under `cost_s` (seconds per node).
 
-    loss_node: when given, `distance_to_loss_s` is filled for it and its ancestors.
+    loss_nodes: `distance_to_loss_s` is filled for them and their ancestors.
     Raises GraphError on a cycle, ValueError when a node has no cost.
     """
     order = graph.topological_order()
@@ -215,7 +215,7 @@ def analyze_timing(graph: Graph, cost_s: Mapping[str, float], loss_node: str | N
         while name is not None:
             path.append(name)
             name = via[name]
-    distance = _distance_to(graph, order, succs, cost_s, loss_node) if loss_node else {}
+    distance = _distance_to(graph, order, succs, cost_s, loss_nodes)
     return Timing(
         cost_s=dict(cost_s),
         start_s=start,
@@ -228,11 +228,11 @@ def analyze_timing(graph: Graph, cost_s: Mapping[str, float], loss_node: str | N
     )
 
 
-def _distance_to(graph: Graph, order, succs, cost_s, target: str) -> dict[str, float]:
-    members = graph.ancestors([target]) | {target}
-    distance = {target: 0.0}
+def _distance_to(graph: Graph, order, succs, cost_s, targets: Collection[str]) -> dict[str, float]:
+    """{target or ancestor of one: the longest path from its completion to a target's completion}."""
+    members = graph.ancestors(targets) | set(targets)
+    distance = {}
     for name in reversed(order):
-        if name == target or name not in members:
-            continue
-        distance[name] = max(cost_s[s] + distance[s] for s in succs[name] if s in distance)
+        if name in members:
+            distance[name] = max((cost_s[s] + distance[s] for s in succs[name] if s in distance), default=0.0)
     return distance

@@ -33,7 +33,9 @@ Sizes (`TensorInfo`, `Node`):
 - other unknowns are None.
 
 A node that computes what an earlier one computes, which Grappler merges into
-it, is marked (`Node.duplicate_of`, `seqmem.edge.duplicates`) and kept.
+it, is marked (`Node.duplicate_of`, `seqmem.edge.duplicates`) and kept; a sum
+of three or more terms reads the node it duplicates, as it does once merged
+(`seqmem.ir.merged.sums_read_merged`: the order it adds in).
 
 A function's graph is captured as TensorFlow instantiates it: without the
 stateless nodes that reach neither a return value, a control output nor a
@@ -63,6 +65,7 @@ from seqmem.edge.sizes import static_bytes
 from seqmem.edge.stack_lengths import stacked_shapes
 from seqmem.errors import UnknownShapeError
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
+from seqmem.ir.merged import sums_read_merged
 from seqmem.ir.op_tables import TF1_CONTROL_FLOW_OPS
 
 __all__ = ["concrete_function", "from_tf", "instantiated_nodes", "to_graph_def", "to_tf_graph"]
@@ -138,12 +141,12 @@ def from_tf(target: Any, input_specs: Sequence[Any] = (), trip_counts: Optional[
         nodes.append(_node(node_def, op, outputs, variable_bytes.get(node_def.name, 0),
                            constants.get(node_def.name, ()), node_def.name in folded,
                            duplicates.get(node_def.name, "")))
-    return Graph(
+    return sums_read_merged(Graph(
         nodes,
         outputs=[TensorRef.parse(name) for name in output_names],
         library=graph_def.library if graph_def.HasField("library") else None,
         versions=graph_def.versions if graph_def.HasField("versions") else None,
-    )
+    ))
 
 
 def instantiated_nodes(tf_graph: tf.Graph, output_names: Sequence[str]) -> frozenset[str]:

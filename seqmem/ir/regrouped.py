@@ -11,13 +11,14 @@ a node with one, and Keras MobileNetV3's hard-swish gradient (g * x) * c,
 rounded as g * (c * x) in the original, was rounded as (c * g) * x once its
 outer product waited for another node.
 
-A pinned step leaves pairs of products (`PRODUCT_OPS`) unchained
-(`regrouped_products`) and chains pairs of sums: a left-deep tree of sums
-collapsed into one AddN adds in the same order, and the zoo's steps train bit
-for bit with them chained. A pinned loop body leaves its sums free and chains
-its products (`seqmem.edge.pinned_bodies`): there a chained sum changed the
-NMT step's gradient, and free products in a Keras LSTM's body took the zoo's
-stacked LSTM LM over its budget.
+A pinned step leaves pairs of sums and pairs of products unchained
+(`regrouped_pairs`). A tree of sums collapsed into one AddN does not add in
+the tree's order: the arithmetic optimizer sorts an AddN's inputs by name
+(`CanonicalizeNode`), so a chained tree `(b + c) + a` of three losses summed
+gave other bits than the original's `AddN(a, b, c)`. A pinned loop body leaves
+its sums free and chains its products (`seqmem.edge.pinned_bodies`): there a
+chained sum changed the NMT step's gradient, and free products in a Keras
+LSTM's body took the zoo's stacked LSTM LM over its budget.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import PRODUCT_OPS
+from seqmem.ir.op_tables import PRODUCT_OPS, SUM_OPS
 
-__all__ = ["regrouped_nodes", "regrouped_products"]
+__all__ = ["regrouped_nodes", "regrouped_pairs"]
 
 
 def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]],
@@ -50,10 +51,10 @@ def regrouped_nodes(ops: Mapping[str, str], readers: Mapping[str, Sequence[str]]
     return frozenset(regrouped)
 
 
-def regrouped_products(graph: Graph) -> frozenset[str]:
-    """The pairs of products of a seqmem `Graph` that Grappler may regroup (`regrouped_nodes`)."""
+def regrouped_pairs(graph: Graph) -> frozenset[str]:
+    """The pairs of sums and of products of a seqmem `Graph` that Grappler may regroup (`regrouped_nodes`)."""
     readers: dict[str, list[str]] = {}
     for node in graph.nodes.values():
         for ref in node.inputs:
             readers.setdefault(ref.node, []).append(node.name)
-    return regrouped_nodes({name: node.op for name, node in graph.nodes.items()}, readers, (PRODUCT_OPS,))
+    return regrouped_nodes({name: node.op for name, node in graph.nodes.items()}, readers, (SUM_OPS, PRODUCT_OPS))

@@ -20,7 +20,7 @@ from seqmem.analyze.anatomy import StepAnatomy
 from seqmem.analyze.critical_path import MachineModel, transfer_time_s
 from seqmem.ir.graph import Graph, TensorRef
 from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, RECOMPUTABLE_OPS, SHAPE_OPS
-from seqmem.ir.regrouped import regrouped_products
+from seqmem.ir.regrouped import regrouped_pairs
 from seqmem.plan.events import restore_bytes
 from seqmem.plan.readers import backward_content_readers, kept_until, last_early_reader
 from seqmem.sim.trace import MemoryTrace
@@ -63,7 +63,7 @@ def conservation_candidates(analysis: StepAnalysis, trace: MemoryTrace, machine:
     """Feature maps worth trying, longest-lived first, each with the kinds that can conserve it; and the skipped."""
     graph, anatomy, timing = analysis.graph, analysis.anatomy, analysis.timing
     triggers = TriggerIndex(graph, timing, anatomy.backward, position)
-    regrouped = regrouped_products(graph)
+    regrouped = regrouped_pairs(graph)
     aliases: dict[TensorRef, list[TensorRef]] = {}
     for tensor, owner in trace.buffer_of.items():
         aliases.setdefault(owner, []).append(tensor)
@@ -194,7 +194,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             position: Mapping[str, int], triggers: TriggerIndex, machine: MachineModel,
             options: ConservationOptions, regrouped: frozenset[str], late: bool = False) -> Option | str:
     """How `kind` would conserve `ref`, or why it cannot; `late`: restored just before its first reader
-    (see `_restore_timings`). regrouped: the products Grappler regroups (`ir.regrouped`), which no recomputed
+    (see `_restore_timings`). regrouped: the sums and products Grappler regroups (`ir.regrouped`), which no recomputed
     chain holds: its copies wait for their trigger, and Grappler would round them otherwise."""
     graph, timing = analysis.graph, analysis.timing
     first_use_s = timing.start_s[consumers[0]]
@@ -208,7 +208,7 @@ def _option(kind: str, analysis: StepAnalysis, ref: TensorRef, size: int, consum
             return "not a chain of cheap ops over tensors the device keeps anyway"
         chain, reads = found
         if regrouped.intersection(chain):
-            return "its chain holds products Grappler regroups in the original"
+            return "its chain holds sums or products Grappler regroups in the original"
     conserved = kind_named(kind, options.compression, chain)
     lossy = conserved.precision != "exact"
     cast_s = (size + compressed_bytes(size)) / machine.memory_bytes_per_s  # one cast, either way

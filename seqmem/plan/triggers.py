@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
-from seqmem.ir.regrouped import regrouped_products
+from seqmem.ir.regrouped import regrouped_pairs
 
 __all__ = ["TriggerIndex"]
 
@@ -45,7 +45,7 @@ class TriggerIndex:
                  position: Mapping[str, int] | None = None) -> None:
         """position: each node's place in the order the step runs in (a schedule or a pinned order, every
         node of `graph`); the graph's topological order when None."""
-        regrouped = regrouped_products(graph)  # a trigger drives a control edge, which would keep Grappler from them
+        regrouped = regrouped_pairs(graph)  # a trigger drives a control edge, which would keep Grappler from them
         backward = [name for name in backward if name not in regrouped]  # read twice below
         self._position = position if position is not None else {
             name: i for i, name in enumerate(graph.topological_order())}

@@ -14,17 +14,17 @@ import functools
 import gc
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from seqmem.analyze.analysis import StepAnalysis
+from seqmem.analyze.anatomy import LossNames
 from seqmem.analyze.critical_path import EMULATED_DEVICE, MachineModel
 from seqmem.edge import capture, loops
 from seqmem.edge.swap_nodes import EmulatedDeviceBackend, HostDeviceBackend
 from seqmem.errors import InfeasibleBudgetError
-from seqmem.ir.graph import TensorRef
 from seqmem.runtime import device, stall_watch
 from seqmem.runtime.forms import Arena, Forms, forms_of
 from seqmem.runtime.measure import captured_variables, inputs_like, spec_of, step_peaks
@@ -46,7 +46,7 @@ def optimize(
     target: Any,
     memory_budget_mb: float = 12000,
     *,
-    loss: Union[str, TensorRef, None] = None,
+    loss: LossNames = None,
     input_signature: Any = None,
     machine: Optional[MachineModel] = None,
     backend: Optional[SwapBackend] = None,
@@ -68,7 +68,7 @@ def optimize(
     target: a tf.function (traced for `input_signature`, default the specs of `sample_inputs`), a
     ConcreteFunction, a TF1 tf.Graph or a GraphDef. Returns an OptimizedStep: callable like the original for
     functions, with `.graph_def` and `.plan`.
-    loss: the loss tensor, where the gradient seed does not name it (`seqmem.analyze.anatomy`).
+    loss: the loss tensor, or several, where the gradient seeds do not name them (`seqmem.analyze.anatomy`).
     kinds: how a tensor may be conserved (`seqmem.decisions.plan.KINDS`): "swap" to host memory, "recompute",
     with `compression` ("float16" / "bfloat16") "compress" and "compress+swap", the cheapest that helps per
     tensor; "blocked-head" also plans the step with each vocabulary head computed a block of rows at a time
@@ -142,7 +142,7 @@ def _frames_cleared_on_error(function: Callable[..., Any]) -> Callable[..., Any]
 
 @_frames_cleared_on_error
 def _optimized_function(function: capture.ConcreteFunction, original: Any, forms: Callable[..., Forms],
-                        target_bytes: int, *, loss: Union[str, TensorRef, None], machine: MachineModel,
+                        target_bytes: int, *, loss: LossNames, machine: MachineModel,
                         backend: SwapBackend, calibrate: bool, sample_inputs: Any, pin_order: bool) -> OptimizedStep:
     """`optimize` for a function: analyze it (measuring the device where there is one), plan in the forms
     `forms` makes of the analysis, build the step and calibrate it."""

@@ -76,7 +76,7 @@ class Profile:
         busiest = self.memory.busiest()
         lines = [
             f"graph: {len(self.graph)} nodes, {len(self.anatomy.forward)} forward, "
-            f"{len(self.anatomy.backward)} backward; loss {self.anatomy.loss}",
+            f"{len(self.anatomy.backward)} backward; loss {', '.join(map(str, self.anatomy.losses))}",
             f"persistent memory: {busiest.persistent_bytes / MIB:.1f} MB",
             f"predicted peak:    {self.predicted_peak_bytes / MIB:.1f} MB "
             f"(while running {self.memory.order[busiest.peak_step]!r})",
@@ -103,7 +103,7 @@ class Profile:
             measured = (f"measured peak, median of {self.measured.steps} steps ({self.measured.device})",
                         self.measured.median_bytes)
         return plot_memory_curves(path, [("predicted live memory", self.memory, self.timing.cost_s)],
-                                  title=title or "memory over one training step", loss_node=self.anatomy.loss.node,
+                                  title=title or "memory over one training step", loss_nodes=[ref.node for ref in self.anatomy.losses],
                                   measured=measured)
 
 

@@ -6,11 +6,12 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import tensorflow as tf
 
 from seqmem.analyze.analysis import StepAnalysis, analyze_graph
+from seqmem.analyze.anatomy import LossNames
 from seqmem.analyze.critical_path import MachineModel
 from seqmem.edge import capture, list_sizes
 from seqmem.gc_pause import gc_paused
@@ -19,7 +20,7 @@ from seqmem.edge.head_nodes import blocked_head
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.runtime.trip_counts import measured_trip_counts
-from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.graph import Graph
 from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
@@ -40,7 +41,7 @@ _BLOCK_SHARE_OF_BUDGET = 1 / 64
 def analyze_function(
     function: Any,
     *,
-    loss: Union[str, TensorRef, None] = None,
+    loss: LossNames = None,
     machine: MachineModel = MachineModel(),
     op_time_s: Optional[Mapping[str, float]] = None,
     measure_scratch: bool = False,
@@ -139,7 +140,7 @@ def with_blocked_heads(analysis: StepAnalysis, budget_bytes: int, machine: Machi
         graph = blocked_head(graph, head, blocks, f"seqmem_head/{number}")
         heads.append(BlockedHead(head.loss, head.rows, head.hidden, head.vocabulary, blocks, head.logits_bytes,
                                  analysis.timing.cost_s.get(head.projection, 0.0)))
-    blocked = analyze_graph(graph, loss=analysis.anatomy.loss, machine=machine, op_time_s=analysis.timing.cost_s,
+    blocked = analyze_graph(graph, loss=analysis.anatomy.losses, machine=machine, op_time_s=analysis.timing.cost_s,
                             measured_scratch_bytes=analysis.scratch_bytes, inter_op_threads=inter_op_threads(),
                             loop_swaps=analysis.loop_swaps, iterations=analysis.iterations)
     blocked = dataclasses.replace(blocked, arena_reserved=analysis.arena_reserved,

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Optional
+from collections.abc import Collection, Mapping, Sequence
 
 from seqmem.analyze.critical_path import Timing
 from seqmem.ir.graph import Graph
 from seqmem.ir.op_tables import INLINE_OPS, PERSISTENT_OPS, STEP_ARGUMENT_OPS, TF1_CONTROL_FLOW_OPS
-from seqmem.ir.regrouped import regrouped_products
+from seqmem.ir.regrouped import regrouped_pairs
 
 __all__ = ["INLINE_BELOW_S", "deferred_schedule", "executor_order", "measured_order", "pinned_nodes", "pinned_order", "schedule"]
 
@@ -37,18 +36,18 @@ def schedule(graph: Graph, timing: Timing) -> tuple[str, ...]:
     return tuple(sorted(position, key=lambda name: (timing.start_s[name], position[name])))
 
 
-def deferred_schedule(graph: Graph, timing: Timing, loss_node: Optional[str] = None) -> tuple[str, ...]:
+def deferred_schedule(graph: Graph, timing: Timing, loss_nodes: Collection[str] = ()) -> tuple[str, ...]:
     """`schedule`, except that each node reading none of the step's inputs, directly or not, comes right
     before its first reader instead of at the start, so that what it allocates is not held from the start
     of the step: where it reads only constants (a dropout's random mask of a static shape; TensorFlow draws
     a random op's values from its own seed, wherever it runs), and where it reads variables too and only
-    what runs after the loss reads it (an optimizer's `momentum * slot`, read by the updates: descendants
-    of `loss_node`). A node that reads a resource itself (a variable, a random generator's state) keeps its
-    place among the forward's nodes. Without `loss_node`, the ASAP `schedule`."""
+    what runs after the losses reads it (an optimizer's `momentum * slot`, read by the updates: descendants
+    of `loss_nodes`). A node that reads a resource itself (a variable, a random generator's state) keeps its
+    place among the forward's nodes. Without `loss_nodes`, the ASAP `schedule`."""
     order = schedule(graph, timing)
-    if loss_node is None:
+    if not loss_nodes:
         return order
-    after_loss = graph.descendants([loss_node])
+    after_loss = graph.descendants(loss_nodes)
     inputs = [name for name, node in graph.nodes.items()
               if node.op in STEP_ARGUMENT_OPS and any(out.dtype != "resource" for out in node.outputs)]
     reads_inputs = graph.descendants(inputs) | set(inputs)
@@ -71,19 +70,19 @@ def pinned_nodes(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
     """The nodes of `order` that a pinned step chains, in that order: those that allocate, which is all but
     `INLINE_OPS`, plus the variable reads that copy (`TensorInfo.copies_input`; left free, the executor
     would run such a read at the start of the step and hold its copy until its reader runs), less the
-    products Grappler regroups where no control edge touches them (`ir.regrouped`)."""
-    regrouped = regrouped_products(graph)
+    sums and products Grappler regroups where no control edge touches them (`ir.regrouped`)."""
+    regrouped = regrouped_pairs(graph)
     return tuple(name for name in order if name not in regrouped and (
         graph.node(name).op not in INLINE_OPS or any(info.copies_input for info in graph.node(name).outputs)))
 
 
-def pinned_order(graph: Graph, timing: Timing, loss_node: Optional[str] = None) -> tuple[str, ...]:
+def pinned_order(graph: Graph, timing: Timing, loss_nodes: Collection[str] = ()) -> tuple[str, ...]:
     """The order TensorFlow's executor runs `graph` in on one inter-op thread once its `deferred_schedule`
-    (for `loss_node`) is pinned: the chained nodes in that order, each inline node where the executor runs it.
+    (for `loss_nodes`) is pinned: the chained nodes in that order, each inline node where the executor runs it.
     Empty for a graph with TF1 control flow, which cannot be pinned."""
     if any(node.op in TF1_CONTROL_FLOW_OPS for node in graph.nodes.values()):
         return ()
-    return executor_order(graph, timing.cost_s, chain=pinned_nodes(graph, deferred_schedule(graph, timing, loss_node)))
+    return executor_order(graph, timing.cost_s, chain=pinned_nodes(graph, deferred_schedule(graph, timing, loss_nodes)))
 
 
 def executor_order(graph: Graph, cost_s: Mapping[str, float], inline_below_s: float = INLINE_BELOW_S,

@@ -8,7 +8,7 @@ from tests.builders import graph, node, training_graph
 
 def test_finds_loss_forward_backward_and_feature_maps():
     anatomy = analyze_step(training_graph())
-    assert anatomy.loss == TensorRef("loss")
+    assert anatomy.losses == (TensorRef("loss"),)
     assert anatomy.forward == {"x", "w", "f1", "f2", "loss"}
     assert anatomy.backward == {"ones", "gradient_tape/g2", "gradient_tape/g1", "update"}  # from the seed on
     # x is an input (persistent): not a feature map; f1 and f2 are.
@@ -26,7 +26,7 @@ def test_loss_from_tf1_seed_fill_of_shape():
         node("gradients/grad_ys_0", "Fill", ["gradients/Shape"], outputs=(scalar,)),
         node("gradients/g", "Op", ["gradients/grad_ys_0", "h"], outputs=(16,)),
     )
-    assert analyze_step(g).loss == TensorRef("loss")
+    assert analyze_step(g).losses == (TensorRef("loss"),)
 
 
 def test_loss_override_and_bad_override():
@@ -34,6 +34,10 @@ def test_loss_override_and_bad_override():
     assert analyze_step(g, loss="f2:0").forward == {"x", "w", "f1", "f2"}
     with pytest.raises(GraphError, match="loss='nope'"):
         analyze_step(g, loss="nope")
+    several = analyze_step(g, loss=["f1", "f2:0", "f1:0"])  # several losses, each named once
+    assert several.losses == (TensorRef("f1"), TensorRef("f2")) and several.forward == {"x", "w", "f1", "f2"}
+    with pytest.raises(GraphError, match="names no tensor"):
+        analyze_step(g, loss=[])
 
 
 def test_no_backward_pass_says_so_and_mentions_loss():
@@ -63,5 +67,5 @@ def test_what_only_the_update_computes_from_the_data_does_not_hide_the_loss(capl
           for i in range(4)],
     )
     with caplog.at_level("WARNING"):
-        assert analyze_step(g).loss == TensorRef("Mean_1")
+        assert analyze_step(g).losses == (TensorRef("Mean_1"),)
     assert "could not be told apart" not in caplog.text

@@ -1,6 +1,6 @@
 """The loss of real training steps, found by what their graphs compute: the project's NMT step, a tfa
 attention seq2seq step and a Keras Transformer written here (neither from the project's models), a step
-whose gradient seed the caller gave, and the error when the loss cannot be told apart.
+whose gradient seed the caller gave, and steps with several losses: a sum, a list, a GAN's two tapes.
 
 The expected loss is the tensor each step returns (`return loss`), read from the traced graph's output."""
 
@@ -10,7 +10,7 @@ import tensorflow_addons as tfa
 
 from seqmem.analyze.anatomy import analyze_step
 from seqmem.edge import capture
-from seqmem.errors import NoBackwardPassError
+from seqmem.ir.graph import TensorRef
 
 BATCH, STEPS, UNITS, VOCAB = 2, 5, 8, 20
 
@@ -50,7 +50,7 @@ def test_the_nmt_steps_loss_is_what_it_returns_and_its_decoder_loop_is_forward()
     step, _, specs = training_step(BATCH, STEPS, UNITS, vocab=VOCAB, attention="tfa")
     graph, returned = _graph_and_returned(step, specs)
     anatomy = analyze_step(graph)
-    assert anatomy.loss == returned
+    assert anatomy.losses == (returned,)
     # while_v2 names the forward loop's gradient accumulators under gradient_tape/; the loop stays forward
     loops = [name for name in anatomy.forward if graph.node(name).op in ("While", "StatelessWhile")]
     assert loops and all("gradient_tape/" not in name for name in loops)
@@ -89,7 +89,7 @@ def test_a_tfa_seq2seq_steps_loss_is_what_it_returns(attention):
     step = _tape_step(_Seq2seq(attention), _seq2seq_loss)
     graph, returned = _graph_and_returned(step, _token_specs([BATCH, STEPS], [BATCH, STEPS], [BATCH, STEPS]))
     anatomy = analyze_step(graph)
-    assert anatomy.loss == returned
+    assert anatomy.losses == (returned,)
     assert anatomy.feature_maps and all(ref.node in anatomy.forward for ref in anatomy.feature_maps)
 
 
@@ -113,7 +113,7 @@ def test_a_keras_transformers_loss_is_what_it_returns(dropout):
     tf.keras.utils.set_random_seed(0)
     step = _tape_step(_transformer(dropout), _lm_loss)
     graph, returned = _graph_and_returned(step, _token_specs([BATCH, STEPS], [BATCH, STEPS]))
-    assert analyze_step(graph).loss == returned
+    assert analyze_step(graph).losses == (returned,)
 
 
 def test_a_seed_the_caller_gives_still_finds_the_loss():
@@ -121,23 +121,93 @@ def test_a_seed_the_caller_gives_still_finds_the_loss():
     step = _tape_step(_transformer(0.0), _lm_loss, output_gradients=tf.constant(0.5))
     graph, returned = _graph_and_returned(step, _token_specs([BATCH, STEPS], [BATCH, STEPS]))
     assert not any(graph.node(name).op == "OnesLike" for name in graph.nodes)
-    assert analyze_step(graph).loss == returned
+    assert analyze_step(graph).losses == (returned,)
 
 
-def test_two_losses_differentiated_apart_are_not_guessed():
+def _two_heads():
+    """A Dense trunk with two heads: (model, SGD optimizer)."""
     tf.keras.utils.set_random_seed(0)
-    first, second = tf.keras.layers.Dense(4), tf.keras.layers.Dense(4)
-    optimizers = tf.keras.optimizers.SGD(0.1), tf.keras.optimizers.SGD(0.1)
+    inputs = tf.keras.Input([3])
+    hidden = tf.keras.layers.Dense(8, activation="relu")(inputs)
+    model = tf.keras.Model(inputs, [tf.keras.layers.Dense(1)(hidden), tf.keras.layers.Dense(4)(hidden)])
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def _losses(graph, *roots):
+    """The scalar terms of the losses the step returns summed: `roots`' nodes, or the Keras loss values
+    under each of those name scopes."""
+    return tuple(sorted(TensorRef(name, 0) for name in graph.nodes
+                        if any(name == f"{root}/weighted_loss/value" for root in roots)))
+
+
+_BCE = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+_SCCE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+_HEAD_SPECS = [tf.TensorSpec([BATCH, 3]), tf.TensorSpec([BATCH, 1]), tf.TensorSpec([BATCH], tf.int32)]
+
+
+def test_a_sum_of_keras_losses_is_planned_for_by_its_terms():
+    """The gradient of a sum of two scalars is its seed: the seed is read by the terms' gradients."""
+    model, optimizer = _two_heads()
 
     @tf.function(autograph=False)
-    def step(x):
-        with tf.GradientTape(persistent=True) as tape:
-            loss_a = tf.reduce_mean(first(x) ** 2)
-            loss_b = tf.reduce_mean(second(x) ** 2)
-        for loss, layer, optimizer in zip((loss_a, loss_b), (first, second), optimizers):
-            optimizer.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables))
-        return loss_a + loss_b
+    def step(x, clicks, classes):
+        with tf.GradientTape() as tape:
+            click_logits, class_logits = model(x, training=True)
+            loss = _BCE(clicks, click_logits) + _SCCE(classes, class_logits)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
 
-    graph, _ = _graph_and_returned(step, [tf.TensorSpec([BATCH, 3])])
-    with pytest.raises(NoBackwardPassError, match="loss="):
-        analyze_step(graph)
+    graph, _ = _graph_and_returned(step, _HEAD_SPECS)
+    anatomy = analyze_step(graph)
+    assert sorted(anatomy.losses) == list(_losses(graph, "binary_crossentropy", "sparse_categorical_crossentropy"))
+    assert all(ref.node in anatomy.forward for ref in anatomy.feature_maps) and anatomy.feature_maps
+
+
+def test_a_list_of_losses_differentiated_together_is_found():
+    model, optimizer = _two_heads()
+
+    @tf.function(autograph=False)
+    def step(x, clicks, classes):
+        with tf.GradientTape() as tape:
+            click_logits, class_logits = model(x, training=True)
+            losses = [_BCE(clicks, click_logits), _SCCE(classes, class_logits)]
+        optimizer.apply_gradients(zip(tape.gradient(losses, model.trainable_variables), model.trainable_variables))
+        return losses[0] + losses[1]
+
+    graph, _ = _graph_and_returned(step, _HEAD_SPECS)
+    assert sorted(analyze_step(graph).losses) == list(_losses(graph, "binary_crossentropy",
+                                                               "sparse_categorical_crossentropy"))
+
+
+def test_a_gans_two_tapes_give_both_losses():
+    """The TensorFlow DCGAN tutorial's step, small: a generator's and a discriminator's losses, each
+    differentiated by its own tape; the generator's gradient runs back through the discriminator."""
+    tf.keras.utils.set_random_seed(0)
+    generator = tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(6, activation="relu")])
+    discriminator = tf.keras.Sequential([tf.keras.Input([6]), tf.keras.layers.Dense(1)])
+    optimizers = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.Adam(1e-3)
+    for optimizer, model in zip(optimizers, (generator, discriminator)):
+        optimizer.build(model.trainable_variables)
+
+    @tf.function(autograph=False)
+    def step(real):
+        noise = tf.random.normal([BATCH, 4])
+        with tf.GradientTape() as generator_tape, tf.GradientTape() as discriminator_tape:
+            real_out, fake_out = discriminator(real, training=True), discriminator(generator(noise, training=True))
+            generator_loss = _BCE(tf.ones_like(fake_out), fake_out)
+            discriminator_loss = _BCE(tf.ones_like(real_out), real_out) + _BCE(tf.zeros_like(fake_out), fake_out)
+        for tape, loss, model, optimizer in zip((generator_tape, discriminator_tape),
+                                                (generator_loss, discriminator_loss),
+                                                (generator, discriminator), optimizers):
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return generator_loss + discriminator_loss
+
+    graph, _ = _graph_and_returned(step, [tf.TensorSpec([BATCH, 6])])
+    anatomy = analyze_step(graph)
+    expected = _losses(graph, "binary_crossentropy", "binary_crossentropy_1", "binary_crossentropy_2")
+    assert len(expected) == 3 and sorted(anatomy.losses) == list(expected)
+    # the generator's activation (the only ReLU) and its noise are feature maps: its gradient reads them
+    assert "Relu" in {graph.node(ref.node).op for ref in anatomy.feature_maps}
+    assert "random_normal" in {ref.node for ref in anatomy.feature_maps}

@@ -9,7 +9,7 @@ UNIT_COSTS = {"x": 0.0, "w": 0.0, "ones": 0.0, "f1": 1.0, "f2": 1.0, "loss": 1.0
 
 
 def test_asap_times_slack_distance_and_critical_path_by_hand():
-    timing = analyze_timing(training_graph(), UNIT_COSTS, loss_node="loss")
+    timing = analyze_timing(training_graph(), UNIT_COSTS, loss_nodes=["loss"])
     assert timing.start_s["gradient_tape/g2"] == 2.0
     assert timing.completion_s["gradient_tape/g1"] == 4.0
     assert timing.makespan_s == 5.0

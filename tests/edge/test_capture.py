@@ -25,7 +25,7 @@ def test_tf2_tape_step_anatomy_and_variable_sizes():
     step, specs = _mlp_step()
     graph = capture.from_tf(step, specs)
     anatomy = analyze_step(graph)
-    assert graph.node(anatomy.loss.node).op == "Mean"
+    assert graph.node(anatomy.losses[0].node).op == "Mean"
     relu = next(r for r in anatomy.feature_maps if graph.node(r.node).op == "Relu")
     assert graph.tensor(relu).size_bytes == 4 * 5 * 4
     # weights 6x5+5 and 5x3+3, each with a momentum slot: booked on the handle placeholders
@@ -43,7 +43,7 @@ def test_tf1_gradients_graph_anatomy():
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     graph = capture.from_tf(tf_graph)
     anatomy = analyze_step(graph)
-    assert anatomy.loss == TensorRef("loss")
+    assert anatomy.losses == (TensorRef("loss"),)
     assert TensorRef("hidden") in anatomy.feature_maps
 
 

@@ -110,11 +110,11 @@ def test_a_loss_that_a_custom_gradient_returns_survives_the_split():
 
     function = step.get_concrete_function(tf.TensorSpec([6, 4]), tf.TensorSpec([6], tf.int32))
     analysis = analyze_graph(capture.from_tf(function), inter_op_threads=1)
-    loss = analysis.anatomy.loss
+    (loss,) = analysis.anatomy.losses
     assert analysis.graph.node(loss.node).op == "IdentityN" and loss.node in gradient_barriers(analysis.graph)
     split = without_barriers(analysis)
-    assert split is not None and split.anatomy.loss == barrier_source(analysis.graph, loss, (loss.node,))
-    assert split.graph.node(split.anatomy.loss.node).op != "IdentityN"
+    assert split is not None and split.anatomy.losses == (barrier_source(analysis.graph, loss, (loss.node,)),)
+    assert split.graph.node(split.anatomy.losses[0].node).op != "IdentityN"
 
 
 def test_a_plan_is_simulated_on_the_graph_it_rewrites_in_the_order_it_pins():

@@ -328,6 +328,58 @@ def hard_swish_equivalence(batch, fraction, steps=3):
     return len(optimized.plan.decisions), bool(optimized.plan.pinned_order), losses == optimized_losses, same_variables
 
 
+def gan_equivalence(batch, steps=3):
+    """A small GAN step as TensorFlow's DCGAN tutorial writes it (noise drawn in the step, dropout in the
+    discriminator, a tape per loss, an Adam per network, the losses returned summed), optimized for a budget
+    it fits once pinned, without calibration, vs the original, same initial weights: (the plan pinned an
+    order, losses equal, variables equal). Its two cross-entropies of the fake logits compute one product
+    in their gradients, which Grappler merges in the original and a sum of four reads."""
+    import tensorflow as tf
+
+    from seqmem.runtime.optimize import optimize
+
+    tf.config.experimental.enable_op_determinism()
+    layers = tf.keras.layers
+    cross_entropy = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        networks = (tf.keras.Sequential([tf.keras.Input([16]), layers.Dense(256), layers.LeakyReLU(),
+                                         layers.Dense(64, activation="tanh")]),
+                    tf.keras.Sequential([tf.keras.Input([64]), layers.Dense(256), layers.LeakyReLU(),
+                                         layers.Dropout(0.3), layers.Dense(1)]))
+        optimizers = tf.keras.optimizers.Adam(1e-3), tf.keras.optimizers.Adam(1e-3)
+        for optimizer, network in zip(optimizers, networks):
+            optimizer.build(network.trainable_variables)
+        generator, discriminator = networks
+
+        @tf.function
+        def step(real_samples):
+            noise = tf.random.normal([batch, 16])
+            with tf.GradientTape() as generator_tape, tf.GradientTape() as discriminator_tape:
+                real = discriminator(real_samples, training=True)
+                fake = discriminator(generator(noise, training=True), training=True)
+                losses = (cross_entropy(tf.ones_like(fake), fake),
+                          cross_entropy(tf.ones_like(real), real) + cross_entropy(tf.zeros_like(fake), fake))
+            for tape, loss, optimizer, network in zip((generator_tape, discriminator_tape), losses, optimizers,
+                                                      networks):
+                optimizer.apply_gradients(zip(tape.gradient(loss, network.trainable_variables),
+                                              network.trainable_variables))
+            return losses[0] + losses[1]
+
+        variables = [v for network in networks for v in network.variables]
+        return variables + [v for optimizer in optimizers for v in optimizer.variables], step
+
+    samples = tf.constant(np.random.default_rng(0).standard_normal([batch, 64]).astype(np.float32))
+    variables, original = build()
+    losses = [float(original(samples)) for _ in range(steps)]
+    copy, step = build()
+    optimized = optimize(step, 1024, sample_inputs=(samples,), calibrate=False)
+    optimized_losses = [float(optimized(samples)) for _ in range(steps)]
+    same_variables = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(variables, copy))
+    return bool(optimized.plan.pinned_order), losses == optimized_losses, same_variables
+
+
 def inputs_counted(rows=2048, features=1024):
     """A dense step optimized with NumPy sample inputs, and with an input signature alone: (the inputs'
     bytes, then for each the bytes the analysis found in use before the step beyond what the process held

@@ -398,6 +398,17 @@ def test_a_pinned_step_rounds_hard_swish_gradients_as_the_original():
     assert decisions and pinned and same_losses and same_variables
 
 
+@pytest.mark.device
+def test_a_pinned_gan_step_sums_as_the_original():
+    # the original's Grappler merges a product both cross-entropies' gradients compute and sorts a sum's
+    # inputs by name; a pinned step that read the unmerged copy, or chained the sum of the losses, rounded
+    # otherwise
+    run = run_with_budget(optimize_jobs.gan_equivalence, 64, budget_mb=1024)
+    assert run.ok, run.message
+    pinned, same_losses, same_variables = run.value
+    assert pinned and same_losses and same_variables
+
+
 class _PlannerWithoutRoom:
     """A planner that has no plan lower than 90 MB."""
 

@@ -98,10 +98,10 @@ def test_deferred_schedule_moves_what_reads_no_step_input_to_just_before_its_rea
     g = _momentum_update()
     cost = {name: FAST for name in g.nodes}
     cost.update(f=SLOW, g=SLOW)
-    timing = analyze_timing(g, cost, "g")
+    timing = analyze_timing(g, cost, ["g"])
     assert schedule(g, timing).index("scaled") < schedule(g, timing).index("g")  # ASAP: before the backward op
     assert deferred_schedule(g, timing) == schedule(g, timing)  # no loss named: nothing is deferred
-    order = deferred_schedule(g, timing, "f")
+    order = deferred_schedule(g, timing, ["f"])
     assert order.index("g") < order.index("scaled") == order.index("new_slot") - 1
     assert sorted(order) == sorted(g.nodes)
     assert pinned_nodes(g, order).index("scaled") > pinned_nodes(g, order).index("g")
