@@ -147,25 +147,10 @@ _SCCE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 _HEAD_SPECS = [tf.TensorSpec([BATCH, 3]), tf.TensorSpec([BATCH, 1]), tf.TensorSpec([BATCH], tf.int32)]
 
 
-def test_a_sum_of_keras_losses_is_planned_for_by_its_terms():
-    """The gradient of a sum of two scalars is its seed: the seed is read by the terms' gradients."""
-    model, optimizer = _two_heads()
-
-    @tf.function(autograph=False)
-    def step(x, clicks, classes):
-        with tf.GradientTape() as tape:
-            click_logits, class_logits = model(x, training=True)
-            loss = _BCE(clicks, click_logits) + _SCCE(classes, class_logits)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    graph, _ = _graph_and_returned(step, _HEAD_SPECS)
-    anatomy = analyze_step(graph)
-    assert sorted(anatomy.losses) == list(_losses(graph, "binary_crossentropy", "sparse_categorical_crossentropy"))
-    assert all(ref.node in anatomy.forward for ref in anatomy.feature_maps) and anatomy.feature_maps
-
-
-def test_a_list_of_losses_differentiated_together_is_found():
+@pytest.mark.parametrize("as_list", [False, True])
+def test_a_sum_or_a_list_of_keras_losses_is_planned_for_by_its_terms(as_list):
+    """`tape.gradient(a + b, ...)` or `tape.gradient([a, b], ...)`: the gradient of a sum of two scalars is its
+    seed, so either way the seeds are read by the terms' gradients."""
     model, optimizer = _two_heads()
 
     @tf.function(autograph=False)
@@ -173,12 +158,14 @@ def test_a_list_of_losses_differentiated_together_is_found():
         with tf.GradientTape() as tape:
             click_logits, class_logits = model(x, training=True)
             losses = [_BCE(clicks, click_logits), _SCCE(classes, class_logits)]
-        optimizer.apply_gradients(zip(tape.gradient(losses, model.trainable_variables), model.trainable_variables))
+            target = losses if as_list else losses[0] + losses[1]
+        optimizer.apply_gradients(zip(tape.gradient(target, model.trainable_variables), model.trainable_variables))
         return losses[0] + losses[1]
 
     graph, _ = _graph_and_returned(step, _HEAD_SPECS)
-    assert sorted(analyze_step(graph).losses) == list(_losses(graph, "binary_crossentropy",
-                                                               "sparse_categorical_crossentropy"))
+    anatomy = analyze_step(graph)
+    assert sorted(anatomy.losses) == list(_losses(graph, "binary_crossentropy", "sparse_categorical_crossentropy"))
+    assert all(ref.node in anatomy.forward for ref in anatomy.feature_maps) and anatomy.feature_maps
 
 
 def test_a_gans_two_tapes_give_both_losses():
