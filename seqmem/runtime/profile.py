@@ -103,7 +103,8 @@ class Profile:
             measured = (f"measured peak, median of {self.measured.steps} steps ({self.measured.device})",
                         self.measured.median_bytes)
         return plot_memory_curves(path, [("predicted live memory", self.memory, self.timing.cost_s)],
-                                  title=title or "memory over one training step", loss_nodes=[ref.node for ref in self.anatomy.losses],
+                                  title=title or "memory over one training step",
+                                  loss_nodes=[ref.node for ref in self.anatomy.losses],
                                   measured=measured)
 
 
