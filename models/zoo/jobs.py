@@ -163,7 +163,9 @@ def loss_found(analysis) -> dict[str, Any]:
 
 def _summed_terms(graph, ref) -> set:
     """The tensors the adds that make `ref` sum (`ref` itself where an add does not make it)."""
+    from seqmem.ir.op_tables import SUM_OPS
+
     node = graph.node(ref.node)
-    if node.op not in ("Add", "AddV2", "AddN"):
+    if node.op not in SUM_OPS:
         return {ref}
     return set().union(*(_summed_terms(graph, term) for term in node.inputs))
