@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from seqmem.ir.graph import Graph, TensorRef
+from seqmem.ir.op_tables import STEP_ARGUMENT_OPS
 from seqmem.sim.allocator import BFCAllocatorModel, ExactAllocator
 from seqmem.sim.trace import MemoryTrace
 
@@ -72,10 +73,13 @@ def instantiate(graph: Graph, memories: dict, allocator: tuple, default_device: 
     - the variables behind the step's resource handles (`Node.resource_bytes`), in graph order: a function
       captures them in the order its forward pass first reads them, which is the order a Keras model
       creates them (its optimizer's slots last), not in the order the step first reads them;
-    - the constants TensorFlow folds the step's own nodes into (`Node.folded`), then those its calls and
-      loops hold (`Node.constant_sizes`), each its own buffer: their kernels allocate them when TensorFlow
-      instantiates the step, calls inlined and loops lowered into it, its own nodes first, before the
-      step's first op runs."""
+    - the step's inputs (`STEP_ARGUMENT_OPS`), placed on the device before it is called;
+    - its constants, its own (`Const` nodes and those TensorFlow folds nodes into, `Node.folded`) in graph
+      order, then those its calls and loops hold (`Node.constant_sizes`), each its own buffer: a constant's
+      kernel allocates it when TensorFlow instantiates the step, calls inlined and loops lowered into it,
+      before the step's first op runs. (Placed as the schedule reaches them instead, the constants' small
+      chunks would land inside the regions the step's own tensors free, and split them for every later
+      call.)"""
     def memory_of(node) -> DeviceMemory:
         device = timeline_name(node.device, default_device)
         if device not in memories:
@@ -85,12 +89,13 @@ def instantiate(graph: Graph, memories: dict, allocator: tuple, default_device: 
     for name, node in graph.nodes.items():
         if node.resource_bytes:
             memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
-    for name, node in graph.nodes.items():
-        if not node.folded:
-            continue
-        for index, info in enumerate(node.outputs):
-            if info.size_bytes:
-                memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes)
+    for inputs in (True, False):
+        for name, node in graph.nodes.items():
+            if not node.persistent or (node.op in STEP_ARGUMENT_OPS) != inputs:
+                continue
+            for index, info in enumerate(node.outputs):
+                if info.size_bytes:
+                    memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes, before_step=inputs)
     for name, node in graph.nodes.items():
         for index, size in enumerate(node.constant_sizes):  # owners -2, -3, ...: -1 is the resource
             memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)

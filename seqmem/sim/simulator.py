@@ -66,7 +66,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from seqmem.gc_pause import without_gc
 from seqmem.ir.graph import Graph, TensorRef, view_source
 from seqmem.ir.op_tables import (FORWARDING_OPS, FUNCTIONAL_LOOP_OPS, FUNCTIONAL_OPS, INPLACE_OPS, LOOP_BACK_OPS,
-                                 LOOP_MERGE_OPS, STEP_ARGUMENT_OPS)
+                                 LOOP_MERGE_OPS)
 from seqmem.sim.device_memory import DeviceMemory, instantiate, timeline_name, with_in_use_before
 from seqmem.sim.iteration import Iteration, replay
 from seqmem.sim.scratch import static_scratch_bytes
@@ -138,22 +138,23 @@ def simulate(
     memories: dict[str, DeviceMemory] = {}
     model = (allocator, limit_bytes, reserved_arena)
     instantiate(graph, memories, model, default_device)
-    if allocator == "bfc":
-        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {}, default_device)
-    trace = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
-                 default_device)
-    return with_in_use_before(trace, memories, in_use_before_bytes or {})
+    if allocator == "bfc":  # the warm-up call, its results dropped by the caller before the next
+        _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
+             default_device).release_outputs()
+    run = _run(graph, order, position, swap_by_tensor, memories, model, scratch_bytes, iterations or {},
+               default_device)
+    return with_in_use_before(run.trace(order), memories, in_use_before_bytes or {})
 
 
 def _run(graph, order, position, swap_by_tensor, memories, allocator, scratch_bytes, iterations,
-         default_device) -> MemoryTrace:
+         default_device) -> "_Pass":
     """One pass over the schedule, allocating from (and leaving state in) `memories`."""
     run = _Pass(graph, position, swap_by_tensor, memories, allocator, default_device)
     for step, name in enumerate(order):
         node = graph.nodes[name]
         iteration = iterations.get(name) if node.op in FUNCTIONAL_LOOP_OPS else None
         run.step(step, node, scratch_bytes.get(name, 0), iteration)
-    return run.trace(order)
+    return run
 
 
 class _Pass:
@@ -191,8 +192,6 @@ class _Pass:
         if device not in self.memories:
             self.memories[device] = DeviceMemory(*self.allocator)
         memory = self.memories[device]
-        if node.resource_bytes:
-            memory.allocate_persistent(TensorRef(node.name, -1), node.resource_bytes, before_step=True)
         restoring = self._restore(step)
         # a loop's carried values: the loop's outputs take their place once the first iteration ran
         carried = (_carried_inputs(node, self.buffer_of, self.swap_by_tensor)
@@ -234,6 +233,13 @@ class _Pass:
                 self.resident[ref] = self.memories[self.buffer_of[ref].device].allocate(size)
         for event in self.handles_after.get(step, ()):  # the swap-out runs once the producer is done
             self.host_handles[event.tensor] = memory.allocate(event.handle_bytes)
+
+    def release_outputs(self) -> None:
+        """Free the step's results, as a caller that dropped them once the pass ended."""
+        for ref in dict.fromkeys(self.graph.outputs):
+            buffer = self.buffer_of.get(ref)
+            if buffer is not None:
+                self._release(buffer, len(self.position))
 
     def trace(self, order: Sequence[str]) -> MemoryTrace:
         return MemoryTrace(
@@ -324,9 +330,9 @@ class _Pass:
             self.buffer_of[ref] = buffer
             self.buffers.append(buffer)
             new_buffers.append(buffer)
-            if buffer.persistent:
-                memory.allocate_persistent(ref, size, before_step=node.op in STEP_ARGUMENT_OPS)
-            elif node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
+            if buffer.persistent:  # on the device before the step (`sim.device_memory.instantiate`)
+                continue
+            if node.op in FUNCTIONAL_LOOP_OPS and buffer.pieces > 1:
                 filled.append((index, buffer))
             elif size:
                 buffer.handle = memory.allocate(size, buffer.pieces)

@@ -24,6 +24,25 @@ def test_peak_by_hand():
     assert dict(device.live_at_peak) == {TensorRef("f1"): 1000, TensorRef("f2"): 2000, TensorRef("gradient_tape/g2"): 2000}
 
 
+def test_the_bfc_model_measures_a_later_call_as_the_first():
+    # 2 MiB region: the variable, the constant, then y; 4 MiB: a; 8 MiB: b, whole (under twice 5 MiB). Were
+    # the constant placed as the schedule reaches it, or the first call's result kept, either would split
+    # the 4 MiB region a freed: the second call's a would take the 8 MiB one and b not fit in 14 MiB.
+    mib = 1 << 20
+    g = graph(
+        node("v", "VarHandleOp", outputs=(0,), resource_bytes=mib),
+        node("y", "Op", outputs=(mib - 256,)),
+        node("a", "Op", outputs=(4 * mib,)),
+        node("b", "Op", ["a"], outputs=(5 * mib,)),
+        node("c", "Const", outputs=(4,)),
+        node("out", "Op", ["b", "c", "y"], outputs=(4,)),
+        outputs=["out"],
+    )
+    device = simulate(g, ["v", "y", "a", "b", "c", "out"], allocator="bfc", limit_bytes=14 * mib).devices[""]
+    assert device.persistent_bytes == mib + 256
+    assert device.peak_bytes == 14 * mib
+
+
 def test_the_bfc_model_places_a_list_element_by_element():
     # a loop's list of ten 1 MiB elements: ten chunks, unpadded (one 10 MiB chunk would be padded to 16 MiB)
     mib = 1 << 20
