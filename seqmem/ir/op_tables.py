@@ -151,13 +151,13 @@ TF1_CONTROL_FLOW_OPS = frozenset([
 # binary kernels (`kernels/cwise_ops_common.h`), the activations and their
 # gradients (`UnaryElementWiseOp`, `BinaryElementWiseOp` in `framework/numeric_op.h`),
 # `Select`/`SelectV2` (into the chosen values), `BiasAdd`, `ClipByValue` and the softmaxes.
+# Not `Cast`: it allocates its output whenever the type changes (`kernels/cast_op.cc`).
 INPLACE_OPS = frozenset([
     "Abs",
     "Add",
     "AddN",
     "AddV2",
     "BiasAdd",
-    "Cast",
     "Ceil",
     "ClipByValue",
     "Cos",

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from seqmem.ir.graph import Graph, Node, TensorInfo, TensorRef
 from seqmem.sim.simulator import simulate
 from seqmem.sim.trace import SwapEvent
-from tests.builders import graph, node, training_graph
+from tests.builders import graph, node, tensor, training_graph
 
 
 def _order(g):
@@ -155,6 +155,18 @@ def test_views_share_buffers_and_inplace_ops_reuse_dead_inputs():
     trace = simulate(g, _order(g))
     assert max(trace.devices[""].live_bytes) == 1010
     assert trace.buffer_of[TensorRef("relu")] == TensorRef("a")
+
+
+def test_a_cast_allocates_even_into_a_type_of_the_same_size():
+    g = graph(
+        node("x", "Placeholder", outputs=(8,)),
+        node("a", "Op", ["x"], outputs=(1000,)),
+        node("cast", "Cast", ["a"], outputs=(tensor(1000, dtype="int32"),)),   # a's last reader
+        node("out", "Op", ["cast"], outputs=(10,)),
+    )
+    trace = simulate(g, _order(g))
+    assert trace.buffer_of[TensorRef("cast")] == TensorRef("cast")
+    assert max(trace.devices[""].live_bytes) == 2000
 
 
 def test_the_cross_entropy_gradient_takes_the_logits_buffer_once_nothing_else_reads_them():
