@@ -33,10 +33,13 @@ Model (that of TensorFlow's executor with a BFC allocator):
   outputs of nodes TensorFlow folds into constants (`Node.folded`) and the
   constants a called function or a loop's body holds (`Node.constant_sizes`)
   are persistent: counted once, for the whole step. What exists before the
-  step runs is placed first: the variables behind its resource handles, in
-  graph order (the order the step captured them, as the model created them),
-  then the step's folded constants and those of its calls and loops, which
-  TensorFlow allocates when it instantiates the step.
+  step runs is placed first (`sim.device_memory.instantiate`): the variables
+  behind its resource handles, in graph order (the order the step captured
+  them, as the model created them), its inputs, then its constants (`Const`
+  nodes and folded ones) and those of its calls and loops, which TensorFlow
+  allocates when it instantiates the step. The "bfc" model runs the step once
+  before the pass it reports, and frees that call's results, as a caller that
+  dropped them: a measured later call finds the arena as the first left it.
   Where the bytes in use on a device before the step first ran were measured
   (`in_use_before_bytes`: its variables and inputs, and whatever else the process
   holds there), they replace the allocator model's chunks for the variables and
