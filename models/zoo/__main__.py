@@ -150,7 +150,7 @@ def _markdown_row(row: dict, runs: int) -> str:
     failed = [run for run in row["optimized"] if "losses" not in run]
     loss = f"{original['loss']} ({'yes' if shown['loss_correct'] else 'NO'})"
     measured = " / ".join(f"{run['peak_bytes'] / MIB:.1f} ({run['predicted_peak_bytes'] / MIB:.1f})" for run in trained)
-    failures = [_failure(run) for run in failed]
+    failures = [_failure(run, row["budget_mb"]) for run in failed]
     shown_failures = [text if failures.count(text) == 1 else f"{text} ({failures.count(text)}x)"
                       for text in dict.fromkeys(failures)]
     measured = "; ".join([measured] * bool(measured) + shown_failures)
@@ -164,10 +164,12 @@ def _markdown_row(row: dict, runs: int) -> str:
             f"{decisions} | {optimize_s} | {speed} |")
 
 
-def _failure(run: dict) -> str:
+def _failure(run: dict, budget_mb: int) -> str:
     """A failed run in a few words: the InfeasibleBudgetError's floor (the lowest predicted peak, the op at
-    it, and what it is made of; after "not placed" where the plans' buffers, not their bytes, did not fit)
-    or, without one, its first clause; or the verdict and the last line of its message."""
+    it, and what it is made of; after "not placed" where the plans' buffers, not their bytes, did not fit;
+    "the step's working set" where what lives through the step and the op's own working set are over the
+    budget of `budget_mb` MiB without anything held, so that no plan of any kind fits) or, without one, its
+    first clause; or the verdict and the last line of its message."""
     floor = run.get("floor")
     unplaced = "not placed (ran out of memory as the allocator model foresaw); " if run.get("unplaced") else ""
     if floor:
@@ -176,9 +178,12 @@ def _failure(run: dict) -> str:
                                            f"({held['why'].split(':')[0]})")
         until = floor.get("until", floor["op"])
         lasting = "" if until == floor["op"] else f" until {floor['until_type']} {until!r}"
+        working_set = floor["persistent_bytes"] + floor["working_bytes"]
+        over = (f" (the first two, {working_set / MIB:.1f} MB, over the budget: the step's working set)"
+                if working_set > budget_mb * MIB else "")
         return (f"{unplaced}floor {floor['peak_bytes'] / MIB:.1f} MB at {floor['op_type']} {floor['op']!r}{lasting}: "
                 f"{floor['persistent_bytes'] / MIB:.1f} live through the step + {floor['working_bytes'] / MIB:.1f} "
-                f"the op's working set + {floor['held_bytes'] / MIB:.1f} held{largest}")
+                f"the op's working set + {floor['held_bytes'] / MIB:.1f} held{over}{largest}")
     if "infeasible" in run:
         return unplaced + "infeasible: " + run["infeasible"].split("; budget was")[0][:200]
     lines = run["message"].strip().splitlines()

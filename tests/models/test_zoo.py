@@ -29,6 +29,10 @@ def test_the_table_shows_a_failed_run_and_a_floor():
     row["optimized"][0]["floor"] = floor
     assert ("floor 8.0 MB at MatMul 'g': 3.0 live through the step + 4.0 the op's working set + 1.0 held; "
             "largest held h:0, 1.0 MB (computed in backward)") in zoo._markdown_row(row, 2)
+    row["budget_mb"] = 6  # what lives through the step and the op's working set alone do not fit
+    assert ("floor 8.0 MB at MatMul 'g': 3.0 live through the step + 4.0 the op's working set + 1.0 held (the first "
+            "two, 7.0 MB, over the budget: the step's working set); largest held h:0") in zoo._markdown_row(row, 2)
+    row["budget_mb"] = 7
     row["optimized"][0]["unplaced"] = "the allocator model cannot place the step's buffers in the 7.0 MB arena"
     assert "not placed (ran out of memory as the allocator model foresaw); floor 8.0 MB at MatMul 'g'" in (
         zoo._markdown_row(row, 2))
