@@ -89,13 +89,17 @@ def instantiate(graph: Graph, memories: dict, allocator: tuple, default_device: 
     for name, node in graph.nodes.items():
         if node.resource_bytes:
             memory_of(node).allocate_persistent(TensorRef(name, -1), node.resource_bytes, before_step=True)
-    for inputs in (True, False):
-        for name, node in graph.nodes.items():
-            if not node.persistent or (node.op in STEP_ARGUMENT_OPS) != inputs:
-                continue
-            for index, info in enumerate(node.outputs):
-                if info.size_bytes:
-                    memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes, before_step=inputs)
+    def place_outputs(name: str, node, before_step: bool) -> None:
+        for index, info in enumerate(node.outputs):
+            if info.size_bytes:
+                memory_of(node).allocate_persistent(TensorRef(name, index), info.size_bytes, before_step)
+
+    for name, node in graph.nodes.items():
+        if node.op in STEP_ARGUMENT_OPS:
+            place_outputs(name, node, before_step=True)
+    for name, node in graph.nodes.items():
+        if node.persistent and node.op not in STEP_ARGUMENT_OPS:
+            place_outputs(name, node, before_step=False)
     for name, node in graph.nodes.items():
         for index, size in enumerate(node.constant_sizes):  # owners -2, -3, ...: -1 is the resource
             memory_of(node).allocate_persistent(TensorRef(name, -2 - index), size)
