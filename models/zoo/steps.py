@@ -416,8 +416,10 @@ def dcgan(batch: int) -> ZooStep:
 
 @dataclass(frozen=True)
 class ZooModel:
-    """family: what kind of model; build: batch -> ZooStep; batch: where its feature maps outweigh its weights
-    and slots; quick_batch: the batch of the quick subset (None: not in it)."""
+    """family: what kind of model; build: batch -> ZooStep; batch: where its feature maps outweigh any one
+    kernel's scratch (TensorFlow's CPU convolution gradients take up to 30 MiB) and its weights and slots
+    (the mixed-precision ResNet50 short of that, for its step time on CPU); quick_batch: the batch of the
+    quick subset (None: not in it)."""
 
     family: str
     build: Callable[[int], ZooStep]
@@ -442,8 +444,8 @@ STEPS: dict[str, ZooModel] = {
     "regnetx002": ZooModel(_CNN, _keras_application(_apps.RegNetX002, 64), 64),
     "efficientnet_v2_b0": ZooModel(_CNN, _keras_application(_apps.EfficientNetV2B0, 64), 32),
     "nasnet_mobile": ZooModel(_CNN, _keras_application(_apps.NASNetMobile, 64), 32),
-    "resnet50_mixed_precision": ZooModel("mixed precision", mixed_precision_resnet50, 32),
-    "cnn_clipped_cond": ZooModel("custom loop (clipping, tf.cond)", clipped_conditional_cnn, 64),
+    "resnet50_mixed_precision": ZooModel("mixed precision", mixed_precision_resnet50, 64),
+    "cnn_clipped_cond": ZooModel("custom loop (clipping, tf.cond)", clipped_conditional_cnn, 256),
     "tfa_bahdanau": ZooModel(_SEQ2SEQ, _tfa_attention("BahdanauAttention"), 32, quick_batch=16),
     "tfa_luong": ZooModel(_SEQ2SEQ, _tfa_attention("LuongAttention"), 32),
     "transformer_encoder_decoder": ZooModel(_TRANSFORMER, transformer_encoder_decoder, 32),
