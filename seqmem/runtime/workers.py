@@ -71,12 +71,15 @@ class Workers:
         return [None if min(column) < 0 else max(column) for column in zip(*rows)]
 
     def check_same(self, plan: Plan) -> None:
-        """Raise WorkersDisagreeError, on every worker, unless every worker is about to run `plan`."""
-        digests = [row[0] for row in self.gathered([plan_digest(plan)])]
-        if len(set(digests)) > 1:
+        """Raise WorkersDisagreeError, on every worker, unless every worker is about to run `plan`; it names
+        the parts of the plans that differ."""
+        parts = _part_digests(plan)
+        rows = self.gathered(list(parts.values()))
+        differ = [part for part, column in zip(parts, zip(*rows)) if len(set(column)) > 1]
+        if differ:
             raise WorkersDisagreeError(
-                f"the {self.count} workers of this tf.distribute step planned differently (plan digests "
-                f"{digests}, by replica), so their collectives would not pair up. Every worker must optimize "
+                f"the {self.count} workers of this tf.distribute step planned differently (their plans differ "
+                f"in: {', '.join(differ)}), so their collectives would not pair up. Every worker must optimize "
                 f"the same step, traced for the same input shapes, with the same options and budget, on a "
                 f"device holding the same memory; pass the same sample_inputs where a loop's trip count "
                 f"depends on the data.")
@@ -104,12 +107,24 @@ def failure_line(message: str) -> str:
 def plan_digest(plan: Plan) -> int:
     """A 62-bit digest of what the rewritten step runs: decisions, loop swaps, pinned order, split gradient
     joins and loop bound (not the predictions, which hold each worker's own measurements)."""
-    runs = (
-        [(str(d.tensor), repr(d.kind), d.trigger, d.consumers) for d in plan.decisions],
-        [repr(swap) for swap in plan.loop_swaps],
-        plan.pinned_order, plan.split_barriers, plan.loop_parallel_iterations,
-    )
-    return int.from_bytes(hashlib.blake2b(repr(runs).encode(), digest_size=8).digest(), "big") >> 2
+    return _digest(tuple(_part_digests(plan).values()))
+
+
+def _part_digests(plan: Plan) -> dict[str, int]:
+    """`plan_digest`'s parts, each digested alone, by what a message calls them."""
+    parts = {
+        "decisions": [(str(d.tensor), repr(d.kind), d.trigger, d.consumers) for d in plan.decisions],
+        "loop swaps": [repr(swap) for swap in plan.loop_swaps],
+        "pinned order": plan.pinned_order,
+        "split gradient joins": plan.split_barriers,
+        "loop bound": plan.loop_parallel_iterations,
+    }
+    return {name: _digest(value) for name, value in parts.items()}
+
+
+def _digest(value: Any) -> int:
+    """A 62-bit digest of `value`'s repr (an int64 a collective carries)."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "big") >> 2
 
 
 def workers_of(graph_def: graph_pb2.GraphDef) -> Optional[Workers]:

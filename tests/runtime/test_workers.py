@@ -12,7 +12,7 @@ from tensorflow.core.framework import graph_pb2
 from seqmem.errors import WorkersDisagreeError
 from seqmem.ir.graph import TensorRef
 from seqmem.edge.collectives import collective_ops
-from seqmem.runtime.workers import ABORT_MARK, Workers, failure_line, plan_digest, workers_of
+from seqmem.runtime.workers import ABORT_MARK, Workers, _part_digests, failure_line, plan_digest, workers_of
 from seqmem.decisions.plan import Decision, Plan
 
 
@@ -61,9 +61,12 @@ class _Gathered(Workers):
         return self.rows
 
 
-def test_workers_that_planned_differently_all_refuse_to_run():
-    with pytest.raises(WorkersDisagreeError, match="planned differently"):
-        _Gathered([[1], [2]]).check_same(_plan("a"))
+def test_workers_that_planned_differently_all_refuse_to_run_and_say_what_differs():
+    same = list(_part_digests(_plan("a")).values())
+    other_order = list(_part_digests(dataclasses.replace(_plan("a"), pinned_order=("b", "a"))).values())
+    with pytest.raises(WorkersDisagreeError, match=r"planned differently \(their plans differ in: pinned order\)"):
+        _Gathered([same, other_order]).check_same(_plan("a"))
+    _Gathered([same, same]).check_same(_plan("a"))
 
 
 def test_highest_takes_each_position_over_workers_and_none_from_any():
