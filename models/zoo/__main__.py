@@ -109,7 +109,8 @@ def _error(result: dict) -> float | None:
 
 
 def markdown(rows: list[dict], runs: int) -> str:
-    """The zoo's table: one row per model, then the sums each original adds as their terms arrive."""
+    """The zoo's table: one row per model, then the sums each original adds as their terms arrive and the
+    originals whose calls all returned one loss."""
     lines = ["| model | family | batch | loss found | original MB: measured, its calls' lowest-highest (predicted) | "
              "budget MB | "
              f"optimized MB: measured (predicted), of {runs} | within budget | bit for bit | decisions | "
@@ -122,6 +123,12 @@ def markdown(rows: list[dict], runs: int) -> str:
     if arrival:
         lines += ["", "Sums the original adds as their terms arrive (Grappler's memory optimizer; seqmem's step adds "
                       "them in graph order): " + "; ".join(arrival) + "."]
+    unchanged = [row["model"] for row in rows if len(row["original"].get("losses", ())) > 1
+                 and len(set(row["original"]["losses"])) == 1]
+    if unchanged:
+        lines += ["", "Originals whose calls all returned one loss (the calls' updates skipped, as a loss scale "
+                      "that overflows skips them, or without effect on it; bit for bit then compares no update): "
+                      + ", ".join(unchanged) + "."]
     again = [f"{row['model']} {_same_as_original(row)}/{len(row['original_again'])}" for row in rows
              if row.get("original_again")]
     if again:

@@ -75,16 +75,19 @@ def _keras_application(application: Callable[..., tf.keras.Model], size: int) ->
     return build
 
 
-def loss_scaled_training(build_model: Callable[[], tf.keras.Model]) -> tuple[tf.keras.Model, Any, Any]:
+def loss_scaled_training(build_model: Callable[[], tf.keras.Model],
+                         initial_scale: float = 2.0 ** 15) -> tuple[tf.keras.Model, Any, Any]:
     """A model built by `build_model` under the `mixed_float16` policy, SGD with momentum inside a dynamic
-    `LossScaleOptimizer`, and its step (`step(inputs, labels)`, returning the loss): the scaled loss
-    differentiated, gradients unscaled and checked finite (a `tf.cond`) before the update."""
+    `LossScaleOptimizer` starting at `initial_scale` (Keras' default 2^15), and its step (`step(inputs,
+    labels)`, returning the loss): the scaled loss differentiated, gradients unscaled and checked finite (a
+    `tf.cond`) before the update; a call whose gradients overflow skips the update and halves the scale."""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = build_model()
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9))
+    optimizer = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9),
+                                                            initial_scale=initial_scale)
     optimizer.build(model.trainable_variables)
 
     @tf.function
@@ -100,10 +103,12 @@ def loss_scaled_training(build_model: Callable[[], tf.keras.Model]) -> tuple[tf.
 
 
 def mixed_precision_resnet50(batch: int) -> ZooStep:
-    """ResNet50 at 32 x 32 in `loss_scaled_training`."""
+    """ResNet50 at 32 x 32 in `loss_scaled_training`, its loss scale starting at 2^8: from Keras' 2^15 the
+    gradients of its first 7 calls overflow and the scale halves to 2^8 before an update applies, so compared
+    calls from 2^15 would test the skipped update only."""
     tf.keras.utils.set_random_seed(0)
     model, optimizer, step = loss_scaled_training(lambda: tf.keras.applications.ResNet50(
-        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None))
+        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None), initial_scale=2.0 ** 8)
     return _built(model, optimizer, step, *_images(batch, 32, 10))
 
 

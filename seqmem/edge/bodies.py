@@ -9,7 +9,8 @@ runs: a Keras LSTM's backward function, its transposed gradients and the zeroed
 lists it makes beside the lists it consumes. Per loop and per call,
 `body_bytes` simulates the body once with exact tensor sizes and returns its
 peak beyond what the node is charged anyway, charged to the node as scratch
-(a conditional: its branch that holds most, each simulated as a call):
+(a conditional: its branch that holds most, each simulated as a call in the
+executor's order, below):
 
     loop: peak live bytes of one iteration's own tensors
     call: peak live bytes of the body's own tensors and of the arguments it frees
@@ -19,7 +20,12 @@ A loop runs one iteration after another (`optimize` bounds it so), each in the
 executor's order, which the simulator follows (`sim.schedule.executor_order`,
 static costs): the NMT step's gradient iteration adds each weight gradient to
 its sum as it comes. A call's nodes run interleaved with the caller's after
-inlining, in no order one body shows: its body runs in topological order.
+inlining, in no order one body shows: its body runs in topological order. A
+conditional's branch runs in the executor's order too: TensorFlow lowers the
+conditional to switches, and its branch's nodes become ready together once the
+predicate is known (a loss-scale optimizer's update branch computes every
+variable's momentum product before any variable's update, as the executor
+drains its queue).
 
 A gradient loop's body is sized with the element shapes of the lists it pops
 (`seqmem.edge.loop_swap.with_popped_shapes`), its masks' included: TensorFlow's
@@ -145,13 +151,13 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
     model (`seqmem.sim.iteration`); and the `CallCharge` of each of its own calls whose body frees
     arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`)."""
     bodies = sized_bodies(graph_def, variables)
-    measured: dict[tuple[str, bool, tuple[tuple[int, int], ...]], int] = {}
+    measured: dict[tuple[str, bool, tuple[tuple[int, int], ...], bool], int] = {}
     iterations: dict[str, Iteration] = {}
     calls: dict[tuple[str, tuple[tuple[int, int], ...]], CallCharge] = {}
     freeing: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {}  # own calls freeing arguments: their key
 
-    def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = ()) -> int:
-        key = (function, loop, arguments)
+    def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = (), branch: bool = False) -> int:
+        key = (function, loop, arguments, branch)
         if key not in measured:
             measured[key] = 0  # a body that (indirectly) runs itself is counted once
             body = bodies.get(function)
@@ -162,7 +168,8 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
                 measured[key], iterations[function] = _iteration_bytes(graph, nested, parameters)
             else:
                 returned = [TensorRef.parse(t.name) for t in body.outputs]
-                charge = _call_charge(graph, nested, returned, parameters, dict(arguments))
+                order = executor_order(graph, static_costs(graph)) if branch else graph.topological_order()
+                charge = _call_charge(graph, order, nested, returned, parameters, dict(arguments))
                 measured[key], calls[function, arguments] = charge.bytes(dict(arguments).__getitem__), charge
         return measured[key]
 
@@ -181,7 +188,7 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
             if node.op in FUNCTIONAL_COND_OPS:  # the branch that holds most
                 names = [branch.name for branch in branches(node) if branch.name in bodies]
                 if names:
-                    result[node.name] = max(held(name, False) for name in names)
+                    result[node.name] = max(held(name, False, branch=True) for name in names)
                 continue
             key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
             if key is not None and node.attr[key].func.name in bodies:
@@ -262,9 +269,9 @@ def _iteration_bytes(body: Graph, nested: dict[str, int], parameters: list[str])
     return timeline.peak_bytes - timeline.persistent_bytes, iteration
 
 
-def _call_charge(body: Graph, nested: dict[str, int], returned: list[TensorRef], parameters: list[str],
-                 handed: dict[int, int]) -> CallCharge:
-    """The `CallCharge` of a called function `body` run in topological order, its `handed` arguments
+def _call_charge(body: Graph, order: tuple[str, ...], nested: dict[str, int], returned: list[TensorRef],
+                 parameters: list[str], handed: dict[int, int]) -> CallCharge:
+    """The `CallCharge` of a called function `body` run in `order` (node names), its `handed` arguments
     ({index among `parameters`, the argument nodes: bytes}) live from its start until their last reader ran
     (`nested` bytes charged to its loops and calls)."""
     owners = set()
@@ -281,7 +288,6 @@ def _call_charge(body: Graph, nested: dict[str, int], returned: list[TensorRef],
             dataclasses.replace(node, op=_HANDED_OVER_ARGUMENT, outputs=(
                 dataclasses.replace(node.outputs[0], size_bytes=handed[index_of[name]]),)) if name in index_of
             else node for name, node in body.nodes.items()])
-    order = body.topological_order()
     trace = simulate(body, order, scratch_bytes=nested)
     live = trace.busiest().live_bytes
     last_read = {index: _last_step(trace.lifetimes.get(TensorRef(name, 0)), len(order))

@@ -7,8 +7,10 @@ the step's own graph TensorFlow knows the variable behind a captured handle
 (in an RNN decoder's body, the cell's products and the attention's context):
 unsized, the iteration the simulator replays would lack them.
 
-`with_variable_shapes` copies a GraphDef and states, in each function a loop or
-call runs (at any depth, following the resource arguments it passes on), the
+`with_variable_shapes` copies a GraphDef and states, in each function a loop,
+call or conditional runs (at any depth, following the resource arguments it
+passes on; a conditional's first input, its predicate or branch index, is not
+one of its branches' arguments), the
 shape of every variable read of an argument whose variable is known
 (`_output_shapes`, which importing the body applies). The copy is for sizing
 and ordering bodies (`seqmem.edge.bodies`, `seqmem.edge.pinned_bodies`), not for
@@ -23,7 +25,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.edge.library import branches
+from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS
 
 __all__ = ["variable_shapes", "with_variable_shapes"]
 
@@ -52,16 +55,21 @@ def with_variable_shapes(graph_def: graph_pb2.GraphDef,
 
     def visit(nodes: Iterable[node_def_pb2.NodeDef], known: Mapping[str, tuple[int, ...]], inside: bool) -> None:
         for node in nodes:
-            keys = (_LOOP_FUNCTIONS if node.op in FUNCTIONAL_LOOP_OPS
-                    else _CALL_FUNCTIONS if node.op in FUNCTION_CALL_OPS else ())
             inputs = [name for name in node.input if not name.startswith("^")]
-            for key in keys:
-                function = functions.get(node.attr[key].func.name)
+            if node.op in FUNCTIONAL_COND_OPS:
+                called, arguments_from = [branch.name for branch in branches(node)], inputs[1:]
+            else:
+                called = [node.attr[key].func.name for key in (
+                    _LOOP_FUNCTIONS if node.op in FUNCTIONAL_LOOP_OPS
+                    else _CALL_FUNCTIONS if node.op in FUNCTION_CALL_OPS else ())]
+                arguments_from = inputs
+            for name in called:
+                function = functions.get(name)
                 if function is None:
                     continue
                 arguments = stated.setdefault(function.signature.name, {})
-                added = {arg.name: known[name] for arg, name in zip(function.signature.input_arg, inputs)
-                         if arg.type == types_pb2.DT_RESOURCE and name in known and arg.name not in arguments}
+                added = {arg.name: known[source] for arg, source in zip(function.signature.input_arg, arguments_from)
+                         if arg.type == types_pb2.DT_RESOURCE and source in known and arg.name not in arguments}
                 if added:
                     arguments.update(added)
                     visit(function.node_def, dict(arguments), inside=True)

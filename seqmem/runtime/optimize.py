@@ -155,7 +155,7 @@ def _optimized_function(function: capture.ConcreteFunction, original: Any, forms
     analysis = analyze_function(function, loss=loss, machine=machine, measure_scratch=measuring,
                                 count_loops=measuring or sample_inputs is not None, sample_inputs=sample_inputs)
     if workers is not None:
-        analysis = _agreed(analysis, workers)
+        analysis = workers.agreed(analysis)
     planner = forms(analysis, measurable=calibrating, pinned=pin_order and bool(analysis.pinned_order))
     arena_mb = device.emulated_budget_mb()
     result, arena = planner.plan(target_bytes, Arena(None if arena_mb is None else arena_mb * MIB))
@@ -196,14 +196,6 @@ def _built(analysis: StepAnalysis, plan: Plan, backend: SwapBackend, function: c
     step = build_step(analysis, plan, backend, function, original)
     step.workers = workers
     return step
-
-
-def _agreed(analysis: StepAnalysis, workers: Workers) -> StepAnalysis:
-    """`analysis` with what each worker measures of its own device, the bytes in use before the step, the
-    highest of any worker's: the same inputs give every worker the same plan."""
-    devices = sorted(analysis.in_use_before_bytes)
-    highest = workers.highest([analysis.in_use_before_bytes[name] for name in devices])
-    return dataclasses.replace(analysis, in_use_before_bytes=dict(zip(devices, highest)))
 
 
 def _loop_swap_depth(backend: SwapBackend, parallel_iterations: Optional[int]) -> Optional[int]:

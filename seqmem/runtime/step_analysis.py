@@ -21,7 +21,7 @@ from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.runtime.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTION_CALL_OPS, FUNCTIONAL_LOOP_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
 from seqmem.sim.calls import CallCharge
@@ -101,7 +101,7 @@ def _loops_and_calls(graph: Graph
                      ) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
     """The step's swappable loop accumulators, the bytes each of its loops' and calls' bodies holds, its
     loops' iterations and the charges of its calls that free arguments (`edge.bodies.body_memory`)."""
-    if not any(node.op in FUNCTIONAL_LOOP_OPS | FUNCTION_CALL_OPS for node in graph.nodes.values()):
+    if not any(node.op in FUNCTIONAL_OPS for node in graph.nodes.values()):
         return [], {}, {}, {}
     graph_def = capture.to_graph_def(graph)
     return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph), variable_shapes(graph)))

@@ -5,7 +5,9 @@ all-reduce of the gradients) runs on every worker at once, and two workers'
 collectives pair up by the order they are issued in: every worker must run the
 same rewritten graph. seqmem plans deterministically from the same graph and
 the same measurements: each worker analyzes and plans its own trace of the
-step, calibration takes the highest peak any worker measured
+step, from the highest of every worker's measurements of its own device (the
+bytes in use before the step and each kernel's scratch: `Workers.agreed`),
+calibration takes the highest peak any worker measured
 (`Workers.highest`), and before a plan runs every worker checks that all of
 them made the same one (`Workers.check_same`; `WorkersDisagreeError` on every
 worker otherwise). A worker whose step fails (out of memory) aborts the
@@ -30,6 +32,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.eager import context
 
+from seqmem.analyze.analysis import StepAnalysis
 from seqmem.edge.collectives import collective_ops
 from seqmem.errors import WorkersDisagreeError
 from seqmem.decisions.plan import Plan
@@ -69,6 +72,24 @@ class Workers:
         """Per position, the highest of every worker's `values`; None where any worker's is None."""
         rows = self.gathered([-1 if value is None else value for value in values])
         return [None if min(column) < 0 else max(column) for column in zip(*rows)]
+
+    def agreed(self, analysis: StepAnalysis) -> StepAnalysis:
+        """`analysis` with what each worker measured of its own device replaced by the highest of any worker's:
+        the bytes in use before the step, and each node's scratch bytes (every worker probes its own kernels,
+        and BFC can hand a probe's temporaries larger chunks on one than on another). Raises
+        WorkersDisagreeError, on every worker, when the workers traced graphs with different nodes."""
+        nodes = sorted(analysis.graph.nodes)
+        if len({row[0] for row in self.gathered([_digest(nodes)])}) > 1:
+            raise WorkersDisagreeError(
+                f"the {self.count} workers of this tf.distribute step traced different graphs (their nodes "
+                f"differ), so they cannot run one plan. Every worker must optimize the same step, traced for "
+                f"the same input shapes.")
+        devices = sorted(analysis.in_use_before_bytes)
+        highest = self.highest([analysis.in_use_before_bytes[name] for name in devices]
+                               + [analysis.scratch_bytes.get(name, 0) for name in nodes])
+        in_use, scratch = highest[:len(devices)], highest[len(devices):]
+        return dataclasses.replace(analysis, in_use_before_bytes=dict(zip(devices, in_use)),
+                                   scratch_bytes={name: size for name, size in zip(nodes, scratch) if size})
 
     def check_same(self, plan: Plan) -> None:
         """Raise WorkersDisagreeError, on every worker, unless every worker is about to run `plan`; it names

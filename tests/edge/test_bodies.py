@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from seqmem.edge import capture
 from seqmem.edge.bodies import body_bytes, body_memory, handed_over
+from seqmem.edge.variable_shapes import variable_shapes
 
 _MIB = 1 << 20
 
@@ -125,6 +126,29 @@ def test_an_iteration_runs_in_the_executors_order_each_term_added_to_its_sum_as_
     # the tiled input and one term at a time (each sum's new value is written into its term); in
     # topological order all three terms would be live at once, 16 MiB
     assert 0 <= held - 8 * _MIB < 1024
+
+
+def test_a_conditionals_branch_runs_in_the_executors_order_every_gradients_product_made_before_an_update():
+    variables = [tf.Variable(tf.ones([256, 1024])) for _ in range(4)]  # 1 MiB each
+    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(variables)
+
+    @tf.function(autograph=False)
+    def step(apply):  # as a loss-scale optimizer applies the gradients: in a conditional's branch
+        gradients = [tf.sin(v) for v in variables]
+
+        def update():
+            optimizer.apply_gradients(zip(gradients, variables))
+            return tf.constant(True)
+
+        return tf.cond(apply, update, lambda: tf.constant(False))
+
+    function = step.get_concrete_function(tf.TensorSpec([], tf.bool))
+    (_, held), = body_bytes(function.graph.as_graph_def(), variables=variable_shapes(capture.from_tf(function))).items()
+    # each gradient times the learning rate (the four products are ready at once, and the executor runs them
+    # before any update), then one momentum slot times the momentum; in topological order, one variable's
+    # update after another, 2 MiB
+    assert 0 <= held - 5 * _MIB < 1024
 
 
 def test_a_gradient_iteration_is_sized_from_the_elements_it_pops():

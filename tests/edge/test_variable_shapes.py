@@ -53,3 +53,16 @@ def test_the_shapes_follow_a_variable_into_a_nested_loop():
 def test_nothing_to_state_leaves_the_graph_def_as_it_is():
     graph_def = capture.to_graph_def(_loop_reading(tf.Variable(tf.zeros([256, 1024]))))
     assert with_variable_shapes(graph_def, {}) is graph_def
+
+
+def test_a_conditionals_branches_are_sized_with_the_shapes_of_the_variables_they_read():
+    variable = tf.Variable(tf.zeros([256, 1024]))
+
+    @tf.function(autograph=False)
+    def step(apply):  # a 1 MiB product of the variable, in the branch taken when `apply`
+        return tf.cond(apply, lambda: tf.reduce_sum(variable * 2.0), lambda: tf.constant(0.0))
+
+    graph = capture.from_tf(step.get_concrete_function(tf.TensorSpec([], tf.bool)))
+    graph_def = capture.to_graph_def(graph)
+    assert max(body_bytes(graph_def).values()) < _MIB  # the predicate is not one of the branch's arguments
+    assert max(body_bytes(graph_def, variables=variable_shapes(graph)).values()) >= _MIB

@@ -58,6 +58,16 @@ def test_the_table_names_the_sums_an_original_adds_as_their_terms_arrive():
     assert zoo.markdown(rows, 1).splitlines()[-1].endswith("graph order): a (AddN_2).")
 
 
+def test_the_table_names_the_originals_whose_calls_all_returned_one_loss():
+    original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
+                "digest": "d", "step_s": 1.0}
+    rows = [{"model": name, "family": "f", "batch": 4, "budget_mb": 7, "original": dict(original, losses=losses),
+             "optimized": []} for name, losses in (("a", [3.5, 3.5, 3.5]), ("b", [3.5, 3.25, 3.0]), ("c", [1.0]))]
+    assert zoo.markdown(rows, 1).splitlines()[-1] == (
+        "Originals whose calls all returned one loss (the calls' updates skipped, as a loss scale that overflows "
+        "skips them, or without effect on it; bit for bit then compares no update): a.")
+
+
 def test_the_table_counts_the_originals_further_runs_that_repeat_its_first():
     original = {"peak_bytes": 10 << 20, "predicted_peak_bytes": 9 << 20, "loss": "Mean:0", "loss_correct": True,
                 "losses": [1.0], "digest": "d", "step_s": 1.0}

@@ -1,6 +1,7 @@
 """Jobs run in fresh emulated-device processes by test_optimize (module-level, so they pickle)."""
 
 import numpy as np
+import pytest
 
 
 def equivalence(name, batch, steps=3):
@@ -252,15 +253,18 @@ def dropout_equivalence(batch, budget_mb, steps=3):
     return optimized.plan.measured_peak_bytes is not None, losses == optimized_losses, same_variables
 
 
-def loss_scaled_equivalence(batch, fraction, steps=3):
+def loss_scaled_equivalence(batch, steps=3):
     """A mixed-precision MLP whose `LossScaleOptimizer` applies the gradients in a `tf.cond` over their finite
-    check (its weights' gradients are much of its peak), optimized without calibration for `fraction` of its
-    predicted peak vs the original, same initial weights: (the decisions restored in the conditional's
-    branches, the optimized step's measured peaks, the original's, losses equal, weights equal). The
+    check (its weights' gradients are much of its peak), optimized without calibration for halfway between
+    its smallest achievable peak (the update branch's working set) and its predicted peak, vs the original,
+    same initial weights: (the decisions restored in the conditional's
+    branches, the optimized step's measured peaks, the original's, losses equal, weights equal, the
+    original's losses changed from call to call: its updates applied, not skipped by the loss scale). The
     optimized step is measured first, in a fresh arena; the original's peaks leave out what it left there."""
     import tensorflow as tf
 
     from models.zoo.steps import loss_scaled_training
+    from seqmem.errors import InfeasibleBudgetError
     from seqmem.runtime import device
     from seqmem.runtime.measure import step_peaks
     from seqmem.runtime.optimize import optimize
@@ -279,7 +283,10 @@ def loss_scaled_equivalence(batch, fraction, steps=3):
             tf.constant(rng.integers(0, 10, [batch]).astype(np.int32)))
     copy, step = build()
     before = optimize(step, 1e6, sample_inputs=args, calibrate=False).plan.predicted_peak_before_bytes
-    optimized = optimize(step, fraction * before / (1 << 20), sample_inputs=args, calibrate=False)
+    with pytest.raises(InfeasibleBudgetError) as infeasible:
+        optimize(step, 1, sample_inputs=args, calibrate=False)
+    budget_mb = (infeasible.value.smallest_peak_bytes + before) / 2 / (1 << 20)
+    optimized = optimize(step, budget_mb, sample_inputs=args, calibrate=False)
     optimized_losses = [float(optimized(*args)) for _ in range(steps)]
     peaks = step_peaks(optimized, args, copy.variables, 2)
     left_by_optimized = device.memory_stats().current_bytes
@@ -288,7 +295,7 @@ def loss_scaled_equivalence(batch, fraction, steps=3):
     same_weights = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.variables, copy.variables))
     original_peaks = [peak - left_by_optimized for peak in step_peaks(original, args, model.variables, 2)]
     return (sum(d.in_branch for d in optimized.plan.decisions), peaks, original_peaks, losses == optimized_losses,
-            same_weights)
+            same_weights, len(set(losses)) == steps)
 
 
 def hard_swish_equivalence(batch, fraction, steps=3):

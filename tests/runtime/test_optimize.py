@@ -88,10 +88,10 @@ def test_an_infeasible_budget_error_holds_no_device_memory():
 @pytest.mark.device
 def test_gradients_a_loss_scale_optimizers_cond_applies_come_back_in_its_branch_and_values_hold():
     # the MLP's fp32 gradients all wait for the `If` that applies them; restored in its branch one at a time
-    run = run_with_budget(optimize_jobs.loss_scaled_equivalence, 64, 0.8, budget_mb=4096)
+    run = run_with_budget(optimize_jobs.loss_scaled_equivalence, 64, budget_mb=4096)
     assert run.ok, run.message
-    in_branch, peaks, original_peaks, same_losses, same_weights = run.value
-    assert in_branch > 0 and same_losses and same_weights
+    in_branch, peaks, original_peaks, same_losses, same_weights, updates_applied = run.value
+    assert in_branch > 0 and same_losses and same_weights and updates_applied
     assert max(peaks) < min(original_peaks)
 
 

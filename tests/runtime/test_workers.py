@@ -9,11 +9,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from seqmem.analyze.analysis import analyze_graph
 from seqmem.errors import WorkersDisagreeError
 from seqmem.ir.graph import TensorRef
 from seqmem.edge.collectives import collective_ops
 from seqmem.runtime.workers import ABORT_MARK, Workers, _part_digests, failure_line, plan_digest, workers_of
 from seqmem.decisions.plan import Decision, Plan
+from tests.builders import training_graph
 
 
 def _plan(*tensors: str, predicted: int = 10) -> Plan:
@@ -69,6 +71,36 @@ def test_workers_that_planned_differently_all_refuse_to_run_and_say_what_differs
     _Gathered([same, same]).check_same(_plan("a"))
 
 
+class _Answers(Workers):
+    """Workers whose gathers return the next of fixed answers (rows by worker), one answer per gather."""
+
+    def __init__(self, *answers):
+        super().__init__(strategy=None, count=len(answers[0]))
+        object.__setattr__(self, "answers", list(answers))
+
+    def gathered(self, values):
+        rows = self.answers.pop(0)
+        return [list(values) if row is None else row for row in rows]  # None: this worker's own values
+
+
+def test_workers_plan_from_the_highest_scratch_and_bytes_in_use_any_of_them_measured():
+    analysis = dataclasses.replace(analyze_graph(training_graph()), in_use_before_bytes={"": 7})
+    nodes = sorted(analysis.graph.nodes)
+    own = [7] + [analysis.scratch_bytes.get(name, 0) for name in nodes]
+    other = [5] + [3 << 20 if name == nodes[1] else 0 for name in nodes]
+    agreed = _Answers([None, None], [own, other]).agreed(analysis)
+    assert agreed.in_use_before_bytes == {"": 7}
+    assert agreed.scratch_bytes[nodes[1]] == max(3 << 20, analysis.scratch_bytes.get(nodes[1], 0))
+    assert {name: size for name, size in agreed.scratch_bytes.items() if name != nodes[1]} == {
+        name: size for name, size in analysis.scratch_bytes.items() if size and name != nodes[1]}
+
+
+def test_workers_that_traced_different_graphs_refuse_to_plan():
+    analysis = analyze_graph(training_graph())
+    with pytest.raises(WorkersDisagreeError, match="traced different graphs"):
+        _Answers([None, [12345]]).agreed(analysis)
+
+
 def test_highest_takes_each_position_over_workers_and_none_from_any():
     assert _Gathered([[5, 1], [3, 2]]).highest([0, 0]) == [5, 2]
     assert _Gathered([[5, -1], [3, 2]]).highest([0, 0]) == [5, None]
@@ -80,6 +112,9 @@ def test_one_worker_gathers_its_own_values_and_agrees_with_itself():
         workers = Workers(strategy, strategy.num_replicas_in_sync)
         assert workers.highest([7, None]) == [7, None]
         workers.check_same(_plan("a"))
+        analysis = analyze_graph(training_graph())
+        assert workers.agreed(analysis).scratch_bytes == {
+            name: size for name, size in analysis.scratch_bytes.items() if size}
 
 
 def test_the_failure_line_names_the_abort_or_the_allocation():
