@@ -52,6 +52,9 @@ class StepAnalysis:
     default_device: the device a step's unplaced ops run on ("CPU:0", "GPU:0"; "" where not known): ops
     placed on it by name (`tf.distribute` places a worker's ops on its own device) share the default
     device's memory in the simulator.
+    pinned_branch_bytes: by node name, the bytes each of the step's own conditionals is charged with its
+    branches run in `edge.bodies.branch_order`, as a pinned step runs them (`edge.pinned_bodies`), where
+    that differs from its charge in `scratch_bytes`; `pinned()` charges them.
     """
 
     graph: Graph
@@ -66,6 +69,7 @@ class StepAnalysis:
     iterations: Mapping[str, Iteration] = dataclasses.field(default_factory=dict)
     calls: Mapping[str, CallCharge] = dataclasses.field(default_factory=dict)
     default_device: str = ""
+    pinned_branch_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def simulator_options(self) -> dict:
         """The keyword arguments of `sim.simulator.simulate` this analysis fixes: kernels' scratch bytes, the
@@ -75,11 +79,13 @@ class StepAnalysis:
                 "default_device": self.default_device}
 
     def pinned(self) -> "StepAnalysis":
-        """This analysis for the step pinned to its schedule: the same, in `pinned_order`.
+        """This analysis for the step pinned to its schedule: the same, in `pinned_order`, its conditionals
+        charged as their pinned branches hold (`pinned_branch_bytes`).
         Raises ValueError when the step cannot be pinned."""
         if not self.pinned_order:
             raise ValueError("this step cannot be pinned: it has TF1 control flow or runs on more than one thread")
-        return dataclasses.replace(self, order=self.pinned_order)
+        return dataclasses.replace(self, order=self.pinned_order,
+                                   scratch_bytes={**self.scratch_bytes, **self.pinned_branch_bytes})
 
     def as_ran(self, started: Sequence[str]) -> "StepAnalysis":
         """This analysis of the step as it ran on one inter-op thread, to simulate: its graph as TensorFlow
@@ -165,7 +171,8 @@ def without_barriers(analysis: StepAnalysis) -> Optional[StepAnalysis]:
                           inter_op_threads=1, loop_swaps=analysis.loop_swaps)
     return dataclasses.replace(split, arena_reserved=analysis.arena_reserved,
                                in_use_before_bytes=analysis.in_use_before_bytes, iterations=analysis.iterations,
-                               calls=analysis.calls, default_device=analysis.default_device)
+                               calls=analysis.calls, default_device=analysis.default_device,
+                               pinned_branch_bytes=analysis.pinned_branch_bytes)
 
 
 def as_planned(analysis: StepAnalysis, plan: Plan) -> StepAnalysis:

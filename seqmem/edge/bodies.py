@@ -24,8 +24,10 @@ inlining, in no order one body shows: its body runs in topological order. A
 conditional's branch runs in the executor's order too: TensorFlow lowers the
 conditional to switches, and its branch's nodes become ready together once the
 predicate is known (a loss-scale optimizer's update branch computes every
-variable's momentum product before any variable's update, as the executor
-drains its queue).
+gradient's product with the learning rate before any variable's update, as the
+executor drains its queue). A step seqmem pins runs each of its own
+conditionals' branches in `branch_order` instead (`seqmem.edge.pinned_bodies`),
+which `body_memory(..., pinned_branches=True)` charges.
 
 A gradient loop's body is sized with the element shapes of the lists it pops
 (`seqmem.edge.loop_swap.with_popped_shapes`), its masks' included: TensorFlow's
@@ -87,7 +89,7 @@ from seqmem.sim.schedule import executor_order
 from seqmem.sim.iteration import Iteration
 from seqmem.sim.simulator import body_pieces, simulate
 
-__all__ = ["body_bytes", "body_memory", "handed_over", "iteration_order", "sized_bodies"]
+__all__ = ["body_bytes", "body_memory", "branch_order", "handed_over", "iteration_order", "sized_bodies"]
 
 # Elements of a list are the list's buffers, which the loop node counts: what these ops read from a list
 # (their output), and what `LIST_WRITE_OPS` write to one
@@ -144,19 +146,22 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
 
 
 def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({}),
-                variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+                variables: Mapping[str, tuple[int, ...]] = MappingProxyType({}), pinned_branches: bool = False
                 ) -> tuple[dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
     """`body_bytes`; the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
     order its body allocates and frees its buffers in, which the simulator replays through its allocator
     model (`seqmem.sim.iteration`); and the `CallCharge` of each of its own calls whose body frees
-    arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`)."""
+    arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`).
+    pinned_branches: charge the branches of `graph_def`'s own conditionals in `branch_order`, as a pinned
+    step runs them (the executor's order otherwise)."""
     bodies = sized_bodies(graph_def, variables)
-    measured: dict[tuple[str, bool, tuple[tuple[int, int], ...], bool], int] = {}
+    measured: dict[tuple[str, bool, tuple[tuple[int, int], ...], str], int] = {}
     iterations: dict[str, Iteration] = {}
     calls: dict[tuple[str, tuple[tuple[int, int], ...]], CallCharge] = {}
     freeing: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {}  # own calls freeing arguments: their key
 
-    def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = (), branch: bool = False) -> int:
+    def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = (), branch: str = "") -> int:
+        """Bytes `function`'s body holds; branch: "" for a loop or call, else "executor" or "pinned"."""
         key = (function, loop, arguments, branch)
         if key not in measured:
             measured[key] = 0  # a body that (indirectly) runs itself is counted once
@@ -168,7 +173,8 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
                 measured[key], iterations[function] = _iteration_bytes(graph, nested, parameters)
             else:
                 returned = [TensorRef.parse(t.name) for t in body.outputs]
-                order = executor_order(graph, static_costs(graph)) if branch else graph.topological_order()
+                order = (branch_order(graph) if branch == "pinned" else executor_order(graph, static_costs(graph))
+                         if branch else graph.topological_order())
                 charge = _call_charge(graph, order, nested, returned, parameters, dict(arguments))
                 measured[key], calls[function, arguments] = charge.bytes(dict(arguments).__getitem__), charge
         return measured[key]
@@ -188,7 +194,8 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
             if node.op in FUNCTIONAL_COND_OPS:  # the branch that holds most
                 names = [branch.name for branch in branches(node) if branch.name in bodies]
                 if names:
-                    result[node.name] = max(held(name, False, branch=True) for name in names)
+                    branch = "pinned" if top and pinned_branches else "executor"
+                    result[node.name] = max(held(name, False, branch=branch) for name in names)
                 continue
             key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
             if key is not None and node.attr[key].func.name in bodies:
@@ -267,6 +274,14 @@ def _iteration_bytes(body: Graph, nested: dict[str, int], parameters: list[str])
     timeline = trace.busiest()
     iteration = Iteration(len(order), tuple(b for b in buffers if b[0]), tuple(sorted(elements)))
     return timeline.peak_bytes - timeline.persistent_bytes, iteration
+
+
+def branch_order(body: Graph) -> tuple[str, ...]:
+    """The order a pinned step runs a conditional's branch `body` in (`seqmem.edge.pinned_bodies`): of the
+    executor's and the branch's topological order (each node as soon as its inputs exist, in the order the
+    branch lists its nodes), the one whose simulated peak is lower, the executor's on a tie."""
+    orders = (executor_order(body, static_costs(body)), body.topological_order())
+    return min(orders, key=lambda order: simulate(body, order).busiest().peak_bytes)
 
 
 def _call_charge(body: Graph, order: tuple[str, ...], nested: dict[str, int], returned: list[TensorRef],

@@ -1,4 +1,5 @@
-"""Pin the order of every while loop's body: each of its nodes waits for the one before it.
+"""Pin the order of every while loop's body, and of the step's conditionals' branches: each of their nodes
+waits for the one before it.
 
 A pinned step chains its own nodes (`seqmem.rewrite.pin`), not those of its loop
 bodies. There TensorFlow's executor runs a ready op inline or hands it to its
@@ -27,6 +28,14 @@ identities, which it removes, and the trees of sums it regroups
 step's decoder lists summed a gradient iteration's terms in another order and
 trained up to 4.5e-8 apart from the original.
 
+A conditional of the step's own graph runs its branch's nodes when their
+inputs exist, all at once once the predicate is known: a loss-scale optimizer's
+update branch makes every gradient's product with the learning rate before it
+updates the first variable. Pinned (`pin_branches`), each branch runs in
+`seqmem.edge.bodies.branch_order`, the order the simulator charges a pinned
+step's conditional for: the executor's or the branch's own, whichever holds
+less. Branches a loop runs are left to `pin_loop_bodies`.
+
 A function holding a pinned body, or calling one that does, is replaced by a
 copy named `<name>_seqmem_pinned` that every reference follows: a function
 already registered under its own name cannot change.
@@ -40,11 +49,11 @@ from types import MappingProxyType
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from seqmem.edge import capture, library
-from seqmem.edge.bodies import iteration_order, sized_bodies
-from seqmem.ir.op_tables import FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS, SUM_OPS
+from seqmem.edge.bodies import branch_order, iteration_order, sized_bodies
+from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, FUNCTIONAL_LOOP_OPS, REMOVED_IDENTITY_OPS, SUM_OPS
 from seqmem.ir.regrouped import regrouped_nodes
 
-__all__ = ["left_to_grappler", "pin_loop_bodies"]
+__all__ = ["left_to_grappler", "pin_branches", "pin_loop_bodies"]
 
 _SUFFIX = "_seqmem_pinned"
 
@@ -69,6 +78,26 @@ def pin_loop_bodies(graph_def: graph_pb2.GraphDef,
             order = iteration_order(capture.from_tf(bodies.get(function.signature.name)))
             if _chain(function, order):
                 edited.append(function.signature.name)
+    library.use_copies(pinned, edited, _SUFFIX)
+    return pinned
+
+
+def pin_branches(graph_def: graph_pb2.GraphDef,
+                 variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})) -> graph_pb2.GraphDef:
+    """A copy of `graph_def` in which each branch of each conditional among its own nodes runs its nodes in
+    `branch_order`, each waiting by a control edge for the one before it (branches a loop runs left out);
+    functions renamed as the module docstring says. Bodies sized as `pin_loop_bodies` sizes them. Returns
+    `graph_def` itself when it has no such branch."""
+    in_loops = _run_in_loops(graph_def)
+    names = {branch.name for node in graph_def.node if node.op in FUNCTIONAL_COND_OPS
+             for branch in library.branches(node)} - in_loops
+    if not names:
+        return graph_def
+    pinned = graph_pb2.GraphDef()
+    pinned.CopyFrom(graph_def)
+    bodies = sized_bodies(graph_def, variables)
+    edited = [function.signature.name for function in pinned.library.function if function.signature.name in names
+              and _chain(function, branch_order(capture.from_tf(bodies.get(function.signature.name))))]
     library.use_copies(pinned, edited, _SUFFIX)
     return pinned
 

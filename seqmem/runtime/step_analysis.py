@@ -21,7 +21,7 @@ from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.runtime.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTIONAL_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, FUNCTIONAL_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
 from seqmem.sim.calls import CallCharge
@@ -66,12 +66,12 @@ def analyze_function(
         from seqmem.runtime.scratch_probe import measure_scratch_bytes
 
         measured = measure_scratch_bytes(graph)
-    swaps, held_by_bodies, iterations, calls = _loops_and_calls(graph)
+    swaps, held_by_bodies, iterations, calls, pinned_branches = _loops_and_calls(graph)
     analysis = analyze_graph(graph, loss=loss, machine=machine, op_time_s=op_time_s, measured_scratch_bytes=measured,
                              inter_op_threads=inter_op_threads(), loop_swaps=swaps, body_bytes=held_by_bodies,
                              iterations=iterations, calls=calls)
     return dataclasses.replace(analysis, arena_reserved=device.arena_reserved(), in_use_before_bytes=in_use_before,
-                               default_device=device.memory_device())
+                               default_device=device.memory_device(), pinned_branch_bytes=pinned_branches)
 
 
 def _trip_counts(function: Any, sample_inputs: Any) -> dict[str, int]:
@@ -97,14 +97,23 @@ def _in_use_bytes() -> dict[str, int]:
         return {}
 
 
-def _loops_and_calls(graph: Graph
-                     ) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
+def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int], dict[str, Iteration],
+                                           dict[str, CallCharge], dict[str, int]]:
     """The step's swappable loop accumulators, the bytes each of its loops' and calls' bodies holds, its
-    loops' iterations and the charges of its calls that free arguments (`edge.bodies.body_memory`)."""
+    loops' iterations, the charges of its calls that free arguments (`edge.bodies.body_memory`), and its
+    own conditionals' charges where a pinned step's branches hold other bytes
+    (`StepAnalysis.pinned_branch_bytes`)."""
     if not any(node.op in FUNCTIONAL_OPS for node in graph.nodes.values()):
-        return [], {}, {}, {}
+        return [], {}, {}, {}, {}
     graph_def = capture.to_graph_def(graph)
-    return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph), variable_shapes(graph)))
+    handed, variables = handed_over(graph), variable_shapes(graph)
+    charges, iterations, calls = body_memory(graph_def, handed, variables)
+    pinned = {}
+    if any(node.op in FUNCTIONAL_COND_OPS for node in graph.nodes.values()):
+        pinned_charges = body_memory(graph_def, handed, variables, pinned_branches=True)[0]
+        pinned = {name: size for name, size in pinned_charges.items()
+                  if graph.node(name).op in FUNCTIONAL_COND_OPS and size != charges.get(name)}
+    return loop_accumulators(graph_def), charges, iterations, calls, pinned
 
 
 def inter_op_threads() -> int:

@@ -24,7 +24,7 @@ from seqmem.edge.gates import gate_loops
 from seqmem.edge.in_place import assign_in_place
 from seqmem.edge.loop_swap import swap_loop_accumulators
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import pin_loop_bodies
+from seqmem.edge.pinned_bodies import pin_branches, pin_loop_bodies
 from seqmem.edge.unpacked_splits import unpack_splits
 from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.decisions.plan import Plan
@@ -56,6 +56,10 @@ def _bounded(plan: Plan) -> bool:
 
 
 STEP_PASSES: tuple[StepPass, ...] = (
+    # a pinned step's conditionals run their branches in the order the simulator charged them for
+    # (`edge.pinned_bodies`), before restores are moved into them
+    StepPass("pin branches", lambda plan: bool(plan.pinned_order),
+             lambda graph_def, plan, analysis: pin_branches(graph_def, variable_shapes(analysis.graph))),
     # swapped tensors a conditional reads, restored in its branches one at a time (`edge.branch_restores`)
     StepPass("restore in branches", lambda plan: any(decision.in_branch for decision in plan.decisions),
              lambda graph_def, plan, analysis: restore_in_branches(graph_def)),

@@ -144,11 +144,14 @@ def test_a_conditionals_branch_runs_in_the_executors_order_every_gradients_produ
         return tf.cond(apply, update, lambda: tf.constant(False))
 
     function = step.get_concrete_function(tf.TensorSpec([], tf.bool))
-    (_, held), = body_bytes(function.graph.as_graph_def(), variables=variable_shapes(capture.from_tf(function))).items()
+    graph_def, shapes = function.graph.as_graph_def(), variable_shapes(capture.from_tf(function))
+    (_, held), = body_bytes(graph_def, variables=shapes).items()
     # each gradient times the learning rate (the four products are ready at once, and the executor runs them
-    # before any update), then one momentum slot times the momentum; in topological order, one variable's
-    # update after another, 2 MiB
+    # before any update), then one momentum slot times the momentum
     assert 0 <= held - 5 * _MIB < 1024
+    # a pinned step runs the branch in its own order, one variable's update after another
+    (_, pinned), = body_memory(graph_def, variables=shapes, pinned_branches=True)[0].items()
+    assert 0 <= pinned - 2 * _MIB < 1024
 
 
 def test_a_gradient_iteration_is_sized_from_the_elements_it_pops():

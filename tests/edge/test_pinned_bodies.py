@@ -4,10 +4,11 @@ iteration for; results unchanged."""
 import tensorflow as tf
 
 from seqmem.edge import capture
-from seqmem.edge.bodies import iteration_order
-from seqmem.edge.library import FunctionBodies
+from seqmem.edge.bodies import branch_order, iteration_order, sized_bodies
+from seqmem.edge.library import FunctionBodies, branches
 from seqmem.edge.loops import bound_loops
-from seqmem.edge.pinned_bodies import left_to_grappler, pin_loop_bodies
+from seqmem.edge.pinned_bodies import left_to_grappler, pin_branches, pin_loop_bodies
+from seqmem.edge.variable_shapes import variable_shapes
 from tests.edge.rnn_step import assert_trains_the_same, rnn_step
 
 
@@ -53,3 +54,39 @@ def test_identities_and_sums_grappler_collapses_are_left_out_of_the_chain():
 def test_a_graph_without_loops_is_returned_as_it_was():
     graph_def = tf.function(lambda x: tf.nn.relu(x)).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
     assert pin_loop_bodies(graph_def) is graph_def
+
+
+def test_a_conditionals_branches_run_in_their_branch_order_and_the_step_trains_the_same(op_determinism):
+    variables = [tf.Variable(tf.fill([256, 1024], float(i))) for i in range(4)]  # 1 MiB each
+    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(variables)
+
+    @tf.function(autograph=False)
+    def step(apply):  # as a loss-scale optimizer applies the gradients: in a conditional's branch
+        gradients = [tf.sin(v) for v in variables]
+
+        def update():
+            optimizer.apply_gradients(zip(gradients, variables))
+            return tf.constant(True)
+
+        loss = tf.add_n([tf.reduce_sum(g) for g in gradients])
+        return loss, tf.cond(apply, update, lambda: tf.constant(False))
+
+    function = step.get_concrete_function(tf.TensorSpec([], tf.bool))
+    graph_def = function.graph.as_graph_def()
+    shapes = variable_shapes(capture.from_tf(function))
+    pinned = pin_branches(graph_def, shapes)
+    (cond,) = [node for node in pinned.node if node.op in ("If", "StatelessIf")]
+    update = branches(cond)[0].name
+    assert update.endswith("_seqmem_pinned")  # the other branch, one constant, needs no chain
+    # the update branch's own order, one variable's update after another, holds 2 MiB, the executor's 5
+    # (`test_bodies`)
+    body = capture.from_tf(sized_bodies(graph_def, shapes).get(update.removesuffix("_seqmem_pinned")))
+    order = branch_order(body)
+    assert order == body.topological_order()
+    function_def = {f.signature.name: f for f in pinned.library.function}[update]
+    nodes = {n.name: n for n in function_def.node_def}
+    chain = [name for name in order if name in nodes and name not in left_to_grappler(function_def)]
+    for before, after in zip(chain, chain[1:]):
+        assert before in {i.lstrip("^").split(":")[0] for i in nodes[after].input}
+    assert_trains_the_same(function, variables + list(optimizer.variables), tf.constant(True), pinned)
