@@ -24,12 +24,15 @@ TensorFlow lowers the conditional into its branches' nodes before it runs, and
 the control edges stay.
 
 A conditional whose branches change gets copies of them, named
-`<name>_seqmem_restores_<n>`, which only it calls: a function already registered
-under its own name cannot change, and another node may call the original.
+`<name>_seqmem_restores_<digest of the copy>`, which only it calls: a function
+already registered under its own name cannot change, another node may call the
+original, and a process holds every function a step registered, so the copies
+another plan makes (calibration re-plans) must not take the first plan's names.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Sequence
 
@@ -56,7 +59,7 @@ def restore_in_branches(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     rewritten.CopyFrom(graph_def)
     functions = {f.signature.name: f for f in rewritten.library.function}
     moved = set()
-    for number, node in enumerate(n for n in rewritten.node if n.op in FUNCTIONAL_COND_OPS):
+    for node in (n for n in rewritten.node if n.op in FUNCTIONAL_COND_OPS):
         chains = {index: _chain(marked, name) for index, name in enumerate(node.input)
                   if index > 0 and not name.startswith("^") and name.split(":")[0] in marked}
         if not chains:
@@ -64,8 +67,9 @@ def restore_in_branches(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
         for branch in branches(node):
             copy = rewritten.library.function.add()
             copy.CopyFrom(functions[branch.name])
-            copy.signature.name = f"{branch.name}{_SUFFIX}{number}"
             _restore_in(copy, {index - 1: chain for index, chain in chains.items()})
+            digest = hashlib.blake2b(copy.SerializeToString(deterministic=True), digest_size=5).hexdigest()
+            copy.signature.name = f"{branch.name}{_SUFFIX}{digest}"
             branch.name = copy.signature.name
         types = node.attr["Tin"].list.type
         for index, chain in chains.items():

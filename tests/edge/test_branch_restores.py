@@ -61,12 +61,13 @@ def _assert_trains_the_same(function, graph_def, x, losses, variables, expected)
         np.testing.assert_array_equal(variable.numpy(), value)
 
 
-def _swapped_in_branch(function, backend):
-    """`function`'s graph with every float input of its `If` swapped and restored in the branches
-    (`rewrite` with in-branch decisions, then `restore_in_branches`), and the names of the inputs."""
+def _swapped_in_branch(function, backend, count=None):
+    """`function`'s graph with every float input of its `If` (the first `count` of them) swapped and
+    restored in the branches (`rewrite` with in-branch decisions, then `restore_in_branches`), and the names
+    of the inputs."""
     graph = capture.from_tf(function)
     (cond,) = [name for name, node in graph.nodes.items() if node.op in FUNCTIONAL_COND_OPS]
-    gradients = [ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32"]
+    gradients = [ref for ref in graph.node(cond).inputs[1:] if graph.tensor(ref).dtype == "float32"][:count]
     before = graph.topological_order()
     trigger = before[before.index(cond) - 1]
     decisions = tuple(Decision(ref, graph.tensor(ref).size_bytes, (cond,), trigger, 0.0, in_branch=True)
@@ -102,6 +103,19 @@ def test_swapped_gradients_come_back_in_the_branch_one_after_another_and_values_
     assert not any("seqmem_swap" in n.name for n in else_branch.node_def)  # reads no gradient
 
     _assert_trains_the_same(function, graph_def, x, losses, variables, expected)
+
+
+def test_two_plans_branch_copies_take_two_names_and_both_run_in_one_process(op_determinism):
+    step, variables, x = _guarded_step()
+    starts = [v.numpy() for v in variables]
+    function, losses, expected = _trained_once(step, variables, x)
+    graph_defs = [_swapped_in_branch(function, EmulatedDeviceBackend(), count)[0] for count in (1, None)]
+    names = [{f.signature.name for f in graph_def.library.function} for graph_def in graph_defs]
+    assert names[0] != names[1]  # calibration's second plan restores other tensors in the same branch
+    for graph_def in graph_defs:  # the first one's functions stay registered in the process
+        for variable, start in zip(variables, starts):
+            variable.assign(start)
+        _assert_trains_the_same(function, graph_def, x, losses, variables, expected)
 
 
 def test_a_graph_without_marked_restores_is_returned_as_it_is():
