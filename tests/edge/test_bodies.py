@@ -5,6 +5,7 @@ import tensorflow as tf
 from seqmem.edge import capture
 from seqmem.edge.bodies import body_bytes, body_memory, handed_over
 from seqmem.edge.variable_shapes import variable_shapes
+from tests.keras_steps import conditional_update_step
 
 _MIB = 1 << 20
 
@@ -129,21 +130,7 @@ def test_an_iteration_runs_in_the_executors_order_each_term_added_to_its_sum_as_
 
 
 def test_a_conditionals_branch_runs_in_the_executors_order_every_gradients_product_made_before_an_update():
-    variables = [tf.Variable(tf.ones([256, 1024])) for _ in range(4)]  # 1 MiB each
-    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
-    optimizer.build(variables)
-
-    @tf.function(autograph=False)
-    def step(apply):  # as a loss-scale optimizer applies the gradients: in a conditional's branch
-        gradients = [tf.sin(v) for v in variables]
-
-        def update():
-            optimizer.apply_gradients(zip(gradients, variables))
-            return tf.constant(True)
-
-        return tf.cond(apply, update, lambda: tf.constant(False))
-
-    function = step.get_concrete_function(tf.TensorSpec([], tf.bool))
+    function, _variables, _optimizer = conditional_update_step(4)  # four 1 MiB variables, updated in a conditional's branch
     graph_def, shapes = function.graph.as_graph_def(), variable_shapes(capture.from_tf(function))
     (_, held), = body_bytes(graph_def, variables=shapes).items()
     # each gradient times the learning rate (the four products are ready at once, and the executor runs them
