@@ -27,7 +27,7 @@ predicate is known (a loss-scale optimizer's update branch computes every
 gradient's product with the learning rate before any variable's update, as the
 executor drains its queue). A step seqmem pins runs each of its own
 conditionals' branches in `branch_order` instead (`seqmem.edge.pinned_bodies`),
-which `body_memory(..., pinned_branches=True)` charges.
+which `body_memory` charges too.
 
 A gradient loop's body is sized with the element shapes of the lists it pops
 (`seqmem.edge.loop_swap.with_popped_shapes`), its masks' included: TensorFlow's
@@ -146,19 +146,20 @@ def body_bytes(graph_def: graph_pb2.GraphDef,
 
 
 def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int, int]] = MappingProxyType({}),
-                variables: Mapping[str, tuple[int, ...]] = MappingProxyType({}), pinned_branches: bool = False
-                ) -> tuple[dict[str, int], dict[str, Iteration], dict[str, CallCharge]]:
+                variables: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+                ) -> tuple[dict[str, int], dict[str, Iteration], dict[str, CallCharge], dict[str, int]]:
     """`body_bytes`; the `Iteration` of each while loop among `graph_def`'s own nodes, by node name: the
     order its body allocates and frees its buffers in, which the simulator replays through its allocator
     model (`seqmem.sim.iteration`); and the `CallCharge` of each of its own calls whose body frees
-    arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`).
-    pinned_branches: charge the branches of `graph_def`'s own conditionals in `branch_order`, as a pinned
-    step runs them (the executor's order otherwise)."""
+    arguments, by node name: its charge for other sizes of those arguments (`seqmem.sim.loop_swaps`); and,
+    by node name, the charge of each of its own conditionals whose branches hold other bytes in
+    `branch_order`, as a pinned step runs them, than in the executor's order."""
     bodies = sized_bodies(graph_def, variables)
     measured: dict[tuple[str, bool, tuple[tuple[int, int], ...], str], int] = {}
     iterations: dict[str, Iteration] = {}
     calls: dict[tuple[str, tuple[tuple[int, int], ...]], CallCharge] = {}
     freeing: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {}  # own calls freeing arguments: their key
+    pinned: dict[str, int] = {}  # own conditionals' charges with their branches pinned, where they differ
 
     def held(function: str, loop: bool, arguments: tuple[tuple[int, int], ...] = (), branch: str = "") -> int:
         """Bytes `function`'s body holds; branch: "" for a loop or call, else "executor" or "pinned"."""
@@ -194,8 +195,10 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
             if node.op in FUNCTIONAL_COND_OPS:  # the branch that holds most
                 names = [branch.name for branch in branches(node) if branch.name in bodies]
                 if names:
-                    branch = "pinned" if top and pinned_branches else "executor"
-                    result[node.name] = max(held(name, False, branch=branch) for name in names)
+                    result[node.name] = max(held(name, False, branch="executor") for name in names)
+                    pinned_bytes = max(held(name, False, branch="pinned") for name in names) if top else None
+                    if pinned_bytes is not None and pinned_bytes != result[node.name]:
+                        pinned[node.name] = pinned_bytes
                 continue
             key = "body" if node.op in FUNCTIONAL_LOOP_OPS else "f" if node.op in FUNCTION_CALL_OPS else None
             if key is not None and node.attr[key].func.name in bodies:
@@ -209,7 +212,7 @@ def body_memory(graph_def: graph_pb2.GraphDef, handed: Mapping[str, Mapping[int,
     charges = charged(graph_def.node, top=True)
     loops = {node.name: iterations[node.attr["body"].func.name] for node in graph_def.node
              if node.name in charges and node.op in FUNCTIONAL_LOOP_OPS and node.attr["body"].func.name in iterations}
-    return charges, loops, {name: calls[key] for name, key in freeing.items() if key in calls}
+    return charges, loops, {name: calls[key] for name, key in freeing.items() if key in calls}, pinned
 
 
 def _popped_arguments(body: tf.Graph, bodies: FunctionBodies) -> set[int]:

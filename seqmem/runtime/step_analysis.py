@@ -21,7 +21,7 @@ from seqmem.edge.variable_shapes import variable_shapes
 from seqmem.edge.loop_swap import loop_accumulators
 from seqmem.runtime.trip_counts import measured_trip_counts
 from seqmem.ir.graph import Graph
-from seqmem.ir.op_tables import FUNCTIONAL_COND_OPS, FUNCTIONAL_OPS
+from seqmem.ir.op_tables import FUNCTIONAL_OPS
 from seqmem.runtime import device
 from seqmem.runtime.measure import inputs_like
 from seqmem.sim.calls import CallCharge
@@ -106,14 +106,7 @@ def _loops_and_calls(graph: Graph) -> tuple[list[LoopSwap], dict[str, int], dict
     if not any(node.op in FUNCTIONAL_OPS for node in graph.nodes.values()):
         return [], {}, {}, {}, {}
     graph_def = capture.to_graph_def(graph)
-    handed, variables = handed_over(graph), variable_shapes(graph)
-    charges, iterations, calls = body_memory(graph_def, handed, variables)
-    pinned = {}
-    if any(node.op in FUNCTIONAL_COND_OPS for node in graph.nodes.values()):
-        pinned_charges = body_memory(graph_def, handed, variables, pinned_branches=True)[0]
-        pinned = {name: size for name, size in pinned_charges.items()
-                  if graph.node(name).op in FUNCTIONAL_COND_OPS and size != charges.get(name)}
-    return loop_accumulators(graph_def), charges, iterations, calls, pinned
+    return (loop_accumulators(graph_def), *body_memory(graph_def, handed_over(graph), variable_shapes(graph)))
 
 
 def inter_op_threads() -> int:

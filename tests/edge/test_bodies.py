@@ -43,7 +43,7 @@ def test_a_loops_iteration_is_its_buffers_in_order_and_the_elements_it_writes():
         return tf.while_loop(lambda i, *_: i < 3, body, (tf.constant(0), h, out))[2].stack()
 
     graph_def = step.get_concrete_function(tf.TensorSpec([256, 256])).graph.as_graph_def()
-    charges, iterations, _ = body_memory(graph_def)
+    charges, iterations, _, _ = body_memory(graph_def)
     (loop, iteration), = iterations.items()
     assert iteration.peak_bytes == charges[loop]
     assert max(size for size, _, _ in iteration.buffers) == 4 * _MIB  # the tiled copy
@@ -137,7 +137,7 @@ def test_a_conditionals_branch_runs_in_the_executors_order_every_gradients_produ
     # before any update), then one momentum slot times the momentum
     assert 0 <= held - 5 * _MIB < 1024
     # a pinned step runs the branch in its own order, one variable's update after another
-    (_, pinned), = body_memory(graph_def, variables=shapes, pinned_branches=True)[0].items()
+    (_, pinned), = body_memory(graph_def, variables=shapes)[3].items()
     assert 0 <= pinned - 2 * _MIB < 1024
 
 
@@ -226,7 +226,7 @@ def test_a_gradient_call_frees_the_lists_its_loop_pops_and_holds_a_list_it_only_
 
     graph = capture.from_tf(step.get_concrete_function(tf.TensorSpec([4, 256, 1024])))
     handed = handed_over(graph)
-    charges, _, calls = body_memory(capture.to_graph_def(graph), handed)
+    charges, _, calls, _ = body_memory(capture.to_graph_def(graph), handed)
     (gradient, node), = [(name, node) for name, node in graph.nodes.items() if node.inputs and
                          node.op == "PartitionedCall" and node.inputs[0].node == "ones"]
     lists = {index: graph.tensor(ref).size_bytes for index, ref in enumerate(node.inputs)
